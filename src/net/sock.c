@@ -1,0 +1,541 @@
+/*
+ * The byte-stream socket. See sock.h for the contract; this file explains the
+ * mechanics.
+ *
+ * Three libuv handles live in the struct: the stream, the idle timer and an
+ * idle "kick" handle used to deliver bytes that are already buffered (after
+ * osr_sock_read_start() or when TLS holds decrypted records) on the next
+ * loop iteration instead of re-entering the owner from its own call. The
+ * struct is freed in the close callback of the last of the three (STYLE 20).
+ *
+ * Owner callbacks run under `_in_cb`; osr_sock_close() called from inside one
+ * only marks the socket, and the real close happens when the outermost
+ * callback returns (STYLE 19).
+ */
+#include "net/sock.h"
+
+#include <string.h>
+
+#include "net/listener.h"
+#include "net/tls.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+typedef struct write_req_s {
+  uv_write_t req;
+  osr_sock_t *sock;
+  size_t bytes;
+  osr_sock_write_cb cb;
+  void *arg;
+} write_req_t;
+
+typedef struct shutdown_req_s {
+  uv_shutdown_t req;
+  osr_sock_t *sock;
+  osr_sock_write_cb cb;
+  void *arg;
+} shutdown_req_t;
+
+static void sock_update_reading(osr_sock_t *s);
+static void do_close(osr_sock_t *s);
+
+int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
+{
+  osr_sock_t *s = osr_xcalloc(1, sizeof(*s));
+  int rv;
+
+  s->loop = loop;
+  osr_buf_init(&s->input, OSR_SOCK_INPUT_MAX_DEFAULT);
+  /* TLS records are at most ~16 KiB; keep a few of them. */
+  osr_buf_init(&s->_raw, 256 * 1024);
+  if (is_pipe) {
+    rv = uv_pipe_init(loop, &s->_h.pipe, 0);
+    s->_flags |= OSR_SOCK_F_IS_PIPE;
+  } else {
+    rv = uv_tcp_init(loop, &s->_h.tcp);
+  }
+  if (rv != 0) {
+    osr_free(s);
+    return rv;
+  }
+  s->_h.handle.data = s;
+  uv_timer_init(loop, &s->_timer);
+  s->_timer.data = s;
+  uv_idle_init(loop, &s->_kick);
+  s->_kick.data = s;
+  s->_open_handles = 3;
+  *out = s;
+  return 0;
+}
+
+void osr_sock_set_events(osr_sock_t *s, const osr_sock_events_t *ev, void *data)
+{
+  s->ev = ev;
+  s->data = data;
+}
+
+/* ---- callback guard ------------------------------------------------------ */
+
+static void cb_enter(osr_sock_t *s)
+{
+  s->_in_cb++;
+}
+
+static void cb_leave(osr_sock_t *s)
+{
+  if (--s->_in_cb == 0 && s->_close_pending)
+    do_close(s);
+}
+
+void osr__sock_deliver(osr_sock_t *s, int status)
+{
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return;
+  if (status == 0 && !(s->_flags & OSR_SOCK_F_READING))
+    return; /* kept in s->input until the owner reads again */
+  if (s->ev == NULL || s->ev->on_read == NULL)
+    return;
+  cb_enter(s);
+  s->ev->on_read(s, status);
+  cb_leave(s);
+}
+
+/* ---- idle timer -------------------------------------------------------- */
+
+static void on_idle_timer(uv_timer_t *t)
+{
+  osr_sock_t *s = t->data;
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return;
+  OSR_LOG_DEBUG("sock", "%p idle timeout", (void *)s);
+  if (s->_flags & OSR_SOCK_F_HANDSHAKING) {
+    osr__sock_handshake_done(s, OSR_ETIMEDOUT);
+    return;
+  }
+  if (s->ev != NULL && s->ev->on_timeout != NULL) {
+    cb_enter(s);
+    s->ev->on_timeout(s);
+    cb_leave(s);
+  } else {
+    osr_sock_close(s);
+  }
+}
+
+static void touch(osr_sock_t *s)
+{
+  if (s->_idle_timeout_ms != 0 && !(s->_flags & OSR_SOCK_F_CLOSING))
+    uv_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms, 0);
+}
+
+void osr_sock_set_idle_timeout(osr_sock_t *s, uint64_t ms)
+{
+  s->_idle_timeout_ms = ms;
+  if (ms == 0)
+    uv_timer_stop(&s->_timer);
+  else
+    touch(s);
+}
+
+/* ---- reading ------------------------------------------------------------- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+  osr_sock_t *s = h->data;
+  osr_buf_t *b = s->_tls != NULL ? &s->_raw : &s->input;
+  osr_iovec_t tail;
+
+  (void)suggested;
+  /* Ask for at least 16 KiB of room so one read can take a TLS record or a
+   * good chunk of a stream; osr_buf_reserve compacts before it grows. */
+  size_t want = 16 * 1024;
+  if (b->max - b->len < want)
+    want = b->max - b->len;
+  if (want == 0 || osr_buf_reserve(b, want, &tail) != 0) {
+    buf->base = NULL;
+    buf->len = 0; /* libuv reports UV_ENOBUFS */
+    return;
+  }
+  buf->base = tail.base;
+  buf->len = tail.len;
+}
+
+static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+  osr_sock_t *s = stream->data;
+  (void)buf;
+
+  if (nread == 0)
+    return; /* EAGAIN, not EOF */
+  if (nread == UV_ENOBUFS) {
+    /* The buffer is at its cap: stop reading until the owner consumes. */
+    uv_read_stop(stream);
+    s->_flags &= ~OSR_SOCK_F_UV_READING;
+    if (s->_tls == NULL || (s->_flags & OSR_SOCK_F_HANDSHAKING) == 0) {
+      if (s->input.len >= s->input.max)
+        osr__sock_deliver(s, OSR_ETOOLARGE);
+    }
+    return;
+  }
+  if (nread < 0) {
+    uv_read_stop(stream);
+    s->_flags &= ~OSR_SOCK_F_UV_READING;
+    s->_flags |= OSR_SOCK_F_EOF;
+    if (s->_flags & OSR_SOCK_F_HANDSHAKING) {
+      osr__sock_handshake_done(s, nread == UV_EOF ? OSR_ECONNRESET : (int)nread);
+      return;
+    }
+    /* Deliver even if the owner paused reading: it must learn the peer is
+     * gone. Bytes still buffered stay in s->input. */
+    if (s->ev != NULL && s->ev->on_read != NULL) {
+      cb_enter(s);
+      s->ev->on_read(s, (int)nread);
+      cb_leave(s);
+    }
+    return;
+  }
+  touch(s);
+  if (s->_tls != NULL) {
+    s->_raw.len += (size_t)nread;
+    int rv = osr__tls_on_raw(s);
+    if (rv != 0 && !(s->_flags & OSR_SOCK_F_CLOSING)) {
+      if (s->_flags & OSR_SOCK_F_HANDSHAKING) {
+        osr__sock_handshake_done(s, rv);
+      } else {
+        uv_read_stop(stream);
+        s->_flags &= ~OSR_SOCK_F_UV_READING;
+        s->_flags |= OSR_SOCK_F_EOF;
+        if (s->ev != NULL && s->ev->on_read != NULL) {
+          cb_enter(s);
+          s->ev->on_read(s, rv);
+          cb_leave(s);
+        }
+      }
+    }
+    return;
+  }
+  osr_buf_commit(&s->input, (size_t)nread);
+  osr__sock_deliver(s, 0);
+}
+
+/* Make uv reading match what the owner wants and what the buffers allow. */
+static void sock_update_reading(osr_sock_t *s)
+{
+  int want = 0;
+
+  if (s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_EOF))
+    want = 0;
+  else if (s->_flags & OSR_SOCK_F_HANDSHAKING)
+    want = 1;
+  else
+    want = (s->_flags & OSR_SOCK_F_READING) != 0;
+
+  if (want && !(s->_flags & OSR_SOCK_F_UV_READING)) {
+    if (uv_read_start(&s->_h.stream, on_alloc, on_uv_read) == 0)
+      s->_flags |= OSR_SOCK_F_UV_READING;
+  } else if (!want && (s->_flags & OSR_SOCK_F_UV_READING)) {
+    uv_read_stop(&s->_h.stream);
+    s->_flags &= ~OSR_SOCK_F_UV_READING;
+  }
+}
+
+int osr__sock_raw_read_start(osr_sock_t *s)
+{
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return OSR_ECLOSED;
+  if (!(s->_flags & OSR_SOCK_F_UV_READING)) {
+    int rv = uv_read_start(&s->_h.stream, on_alloc, on_uv_read);
+    if (rv != 0)
+      return rv;
+    s->_flags |= OSR_SOCK_F_UV_READING;
+  }
+  return 0;
+}
+
+static void on_kick(uv_idle_t *idle)
+{
+  osr_sock_t *s = idle->data;
+
+  uv_idle_stop(idle);
+  if ((s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_READING)) != OSR_SOCK_F_READING)
+    return;
+  if (s->_tls != NULL) {
+    /* Decrypt what TLS held back while the input buffer was full. */
+    int rv = osr__tls_on_raw(s);
+    if (rv != 0) {
+      osr__sock_deliver(s, rv);
+      return;
+    }
+  }
+  if (s->input.len != 0)
+    osr__sock_deliver(s, 0);
+}
+
+int osr_sock_read_start(osr_sock_t *s)
+{
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return OSR_ECLOSED;
+  s->_flags |= OSR_SOCK_F_READING;
+  /* Buffered bytes (or bytes TLS holds) are delivered on the next
+   * iteration, never re-entrantly from inside the caller. */
+  if (s->input.len != 0 || (s->_tls != NULL && s->_raw.len != 0))
+    uv_idle_start(&s->_kick, on_kick);
+  /* After EOF (already delivered) there is nothing more to read. */
+  sock_update_reading(s);
+  return 0;
+}
+
+void osr_sock_read_stop(osr_sock_t *s)
+{
+  s->_flags &= ~OSR_SOCK_F_READING;
+  if (!(s->_flags & OSR_SOCK_F_HANDSHAKING))
+    sock_update_reading(s);
+}
+
+int osr_sock_is_reading(const osr_sock_t *s)
+{
+  return (s->_flags & OSR_SOCK_F_READING) != 0;
+}
+
+/* ---- writing ------------------------------------------------------------- */
+
+static void on_uv_write(uv_write_t *req, int status)
+{
+  write_req_t *wr = osr_container_of(req, write_req_t, req);
+  osr_sock_t *s = wr->sock;
+
+  s->_write_queue -= wr->bytes;
+  if (status == 0)
+    touch(s);
+  if (wr->cb != NULL) {
+    cb_enter(s);
+    wr->cb(s, status == UV_ECANCELED ? OSR_ECANCELED : status, wr->arg);
+    cb_leave(s);
+  }
+  osr_free(wr);
+}
+
+int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
+                        osr_sock_write_cb cb, void *arg)
+{
+  if (s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_SHUT))
+    return OSR_ECLOSED;
+  if (nbufs > UINT32_MAX)
+    return OSR_EINVAL;
+
+  write_req_t *wr = osr_xmalloc(sizeof(*wr));
+  wr->sock = s;
+  wr->cb = cb;
+  wr->arg = arg;
+  wr->bytes = 0;
+  for (size_t i = 0; i < nbufs; i++)
+    wr->bytes += bufs[i].len;
+  /* uv_write copies the iovec array itself and splits at IOV_MAX. */
+  int rv = uv_write(&wr->req, &s->_h.stream, (const uv_buf_t *)bufs, (unsigned)nbufs, on_uv_write);
+  if (rv != 0) {
+    osr_free(wr);
+    return rv;
+  }
+  s->_write_queue += wr->bytes;
+  return 0;
+}
+
+int osr_sock_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs, osr_sock_write_cb cb,
+                   void *arg)
+{
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return OSR_ECLOSED;
+  if (s->_tls != NULL)
+    return osr__tls_write(s, bufs, nbufs, cb, arg);
+  return osr__sock_raw_write(s, bufs, nbufs, cb, arg);
+}
+
+static void on_uv_shutdown(uv_shutdown_t *req, int status)
+{
+  shutdown_req_t *sr = osr_container_of(req, shutdown_req_t, req);
+  osr_sock_t *s = sr->sock;
+  if (sr->cb != NULL) {
+    cb_enter(s);
+    sr->cb(s, status == UV_ECANCELED ? OSR_ECANCELED : status, sr->arg);
+    cb_leave(s);
+  }
+  osr_free(sr);
+}
+
+static int raw_shutdown(osr_sock_t *s, osr_sock_write_cb cb, void *arg)
+{
+  shutdown_req_t *sr = osr_xmalloc(sizeof(*sr));
+  sr->sock = s;
+  sr->cb = cb;
+  sr->arg = arg;
+  int rv = uv_shutdown(&sr->req, &s->_h.stream, on_uv_shutdown);
+  if (rv != 0) {
+    osr_free(sr);
+    return rv;
+  }
+  s->_flags |= OSR_SOCK_F_SHUT;
+  return 0;
+}
+
+typedef struct tls_shut_s {
+  osr_sock_write_cb cb;
+  void *arg;
+} tls_shut_t;
+
+static void on_close_notify_written(osr_sock_t *s, int status, void *arg)
+{
+  tls_shut_t *ts = arg;
+  osr_sock_write_cb cb = ts->cb;
+  void *cbarg = ts->arg;
+  osr_free(ts);
+  if (status == 0 && !(s->_flags & OSR_SOCK_F_CLOSING)) {
+    status = raw_shutdown(s, cb, cbarg);
+    if (status == 0)
+      return;
+  }
+  if (cb != NULL)
+    cb(s, status, cbarg);
+}
+
+int osr_sock_shutdown(osr_sock_t *s, osr_sock_write_cb cb, void *arg)
+{
+  if (s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_SHUT))
+    return OSR_ECLOSED;
+  if (s->_tls != NULL) {
+    tls_shut_t *ts = osr_xmalloc(sizeof(*ts));
+    ts->cb = cb;
+    ts->arg = arg;
+    int rv = osr__tls_shutdown(s, on_close_notify_written, ts);
+    if (rv != 0)
+      osr_free(ts);
+    return rv;
+  }
+  return raw_shutdown(s, cb, arg);
+}
+
+/* ---- closing ------------------------------------------------------------- */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+  osr_sock_t *s = h->data;
+  if (--s->_open_handles != 0)
+    return;
+  if (s->_listener != NULL)
+    osr__listener_forget(s->_listener, s);
+  if (s->ev != NULL && s->ev->on_close != NULL)
+    s->ev->on_close(s);
+  if (s->_tls != NULL)
+    osr__tls_free(s->_tls);
+  s->_tls = NULL;
+  osr_buf_dispose(&s->input);
+  osr_buf_dispose(&s->_raw);
+  osr_free(s);
+}
+
+static void do_close(osr_sock_t *s)
+{
+  s->_close_pending = 0;
+  uv_close(&s->_h.handle, on_handle_closed);
+  uv_close((uv_handle_t *)&s->_timer, on_handle_closed);
+  uv_close((uv_handle_t *)&s->_kick, on_handle_closed);
+}
+
+void osr_sock_close(osr_sock_t *s)
+{
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return;
+  s->_flags |= OSR_SOCK_F_CLOSING;
+  s->_flags &= ~OSR_SOCK_F_READING;
+  /* Closing inside one of our own callbacks is deferred until it returns;
+   * uv_close itself is safe, but the owner's frames above us may still touch
+   * the socket. */
+  if (s->_in_cb > 0) {
+    s->_close_pending = 1;
+    return;
+  }
+  do_close(s);
+}
+
+int osr_sock_is_closing(const osr_sock_t *s)
+{
+  return (s->_flags & OSR_SOCK_F_CLOSING) != 0;
+}
+
+/* ---- handshake and misc -------------------------------------------------- */
+
+int osr__sock_start_tls(osr_sock_t *s, osr_tls_ctx_t *ctx, int is_server, const char *sni,
+                        uint64_t timeout_ms, void (*cb)(osr_sock_t *s, int status))
+{
+  s->_flags |= OSR_SOCK_F_HANDSHAKING;
+  s->_handshake_cb = cb;
+  int rv = osr__tls_start(s, ctx, is_server, sni);
+  if (rv == 0)
+    rv = osr__sock_raw_read_start(s);
+  if (rv != 0) {
+    s->_flags &= ~OSR_SOCK_F_HANDSHAKING;
+    s->_handshake_cb = NULL;
+    return rv;
+  }
+  if (timeout_ms != 0 && (s->_flags & OSR_SOCK_F_HANDSHAKING))
+    uv_timer_start(&s->_timer, on_idle_timer, timeout_ms, 0);
+  return 0;
+}
+
+void osr__sock_handshake_done(osr_sock_t *s, int status)
+{
+  void (*cb)(osr_sock_t *, int) = s->_handshake_cb;
+
+  if (!(s->_flags & OSR_SOCK_F_HANDSHAKING))
+    return;
+  s->_flags &= ~OSR_SOCK_F_HANDSHAKING;
+  s->_handshake_cb = NULL;
+  uv_timer_stop(&s->_timer);
+  /* Reading continues only if the next owner asks for it. */
+  sock_update_reading(s);
+  if (cb != NULL) {
+    cb_enter(s);
+    cb(s, status);
+    cb_leave(s);
+  }
+}
+
+int osr_sock_set_nodelay(osr_sock_t *s, int enable)
+{
+  if (s->_flags & OSR_SOCK_F_IS_PIPE)
+    return 0;
+  return uv_tcp_nodelay(&s->_h.tcp, enable);
+}
+
+const char *osr_sock_alpn(const osr_sock_t *s)
+{
+  return s->_tls != NULL ? osr__tls_alpn(s->_tls) : NULL;
+}
+
+const char *osr_sock_sni(const osr_sock_t *s)
+{
+  return s->_tls != NULL ? osr__tls_sni(s->_tls) : NULL;
+}
+
+int osr_sock_peername(const osr_sock_t *s, char *out, size_t outlen)
+{
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  char host[64];
+
+  if (s->_flags & OSR_SOCK_F_IS_PIPE) {
+    snprintf(out, outlen, "unix");
+    return 0;
+  }
+  int rv = uv_tcp_getpeername(&s->_h.tcp, (struct sockaddr *)&ss, &len);
+  if (rv != 0)
+    return rv;
+  if (ss.ss_family == AF_INET6) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+    uv_ip6_name(a, host, sizeof(host));
+    snprintf(out, outlen, "[%s]:%u", host, ntohs(a->sin6_port));
+  } else {
+    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+    uv_ip4_name(a, host, sizeof(host));
+    snprintf(out, outlen, "%s:%u", host, ntohs(a->sin_port));
+  }
+  return 0;
+}

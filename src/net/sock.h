@@ -1,0 +1,182 @@
+/*
+ * osr_sock_t: one byte stream (TCP or unix socket, optionally TLS) on libuv.
+ * Every protocol in OSR (HTTP/1.1, HTTP/2, WebSocket, raw port forwarding)
+ * runs on this type, so backpressure, timeouts and close discipline live here
+ * once.
+ *
+ * Reading. Received plaintext is appended to `sock->input` (an osr_buf_t with
+ * a cap) and ev->on_read(sock, 0) fires. The owner consumes what it used with
+ * osr_buf_consume(&sock->input, n). Unconsumed bytes stay and new bytes are
+ * appended after them. If the input buffer reaches its cap, reading stops and
+ * on_read fires with OSR_ETOOLARGE. EOF and errors arrive as on_read(sock, <0)
+ * (OSR_EOF for a clean end); after that no more data arrives.
+ *
+ * Zero-copy pass-through (STYLE 16): to forward bytes to another socket,
+ * write iovecs that point into `sock->input`, call osr_sock_read_stop(), and
+ * in the write callback consume them and osr_sock_read_start() again. The
+ * input buffer is never moved while reading is stopped.
+ *
+ * Writing. osr_sock_write() queues scatter-gather buffers; they must stay
+ * valid until the callback. Returns 0 and the callback fires exactly once
+ * (status 0, an error, or OSR_ECANCELED if the socket closed first), or
+ * returns an error and the callback never fires (STYLE 7).
+ * osr_sock_write_queue_size() reports bytes queued but not yet written:
+ * owners stop reading their source above a high watermark and resume from the
+ * write callback (STYLE 14).
+ *
+ * Closing. osr_sock_close() is idempotent. Pending write callbacks fire with
+ * OSR_ECANCELED, then ev->on_close fires once, then the memory is freed. The
+ * owner must not touch the socket after on_close returns.
+ *
+ * TLS. A socket accepted by a listener with a TLS context, or connected with
+ * one, runs the handshake before it is handed to its owner; afterwards reads
+ * and writes carry plaintext and osr_sock_alpn() tells the negotiated
+ * protocol.
+ */
+#ifndef OSR_NET_SOCK_H
+#define OSR_NET_SOCK_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "osr/common.h"
+#include "util/buf.h"
+
+typedef struct osr_sock_s osr_sock_t;
+typedef struct osr_listener_s osr_listener_t;
+typedef struct osr_tls_ctx_s osr_tls_ctx_t;
+typedef struct osr_tls_conn_s osr_tls_conn_t;
+
+typedef void (*osr_sock_write_cb)(osr_sock_t *s, int status, void *arg);
+
+typedef struct osr_sock_events_s {
+  /** New bytes in s->input (status 0), or the end of input (OSR_EOF, error,
+   *  OSR_ETOOLARGE when the input cap was reached). */
+  void (*on_read)(osr_sock_t *s, int status);
+  /** The socket is closed; freed right after this returns. */
+  void (*on_close)(osr_sock_t *s);
+  /** Optional: the idle timer expired. NULL means close the socket. */
+  void (*on_timeout)(osr_sock_t *s);
+  /** Optional: the server is draining; finish in-flight work and close.
+   *  NULL means close the socket now. */
+  void (*on_drain)(osr_sock_t *s);
+} osr_sock_events_t;
+
+/* Default input cap; owners may change sock->input.max before reading. */
+#define OSR_SOCK_INPUT_MAX_DEFAULT (1024 * 1024)
+
+enum {
+  OSR_SOCK_F_READING = 1u << 0,  /* owner wants data */
+  OSR_SOCK_F_CLOSING = 1u << 1,
+  OSR_SOCK_F_EOF = 1u << 2,      /* read side ended */
+  OSR_SOCK_F_SHUT = 1u << 3,     /* write side shut down */
+  OSR_SOCK_F_UV_READING = 1u << 4, /* uv_read_start is active */
+  OSR_SOCK_F_IS_PIPE = 1u << 5,
+  OSR_SOCK_F_HANDSHAKING = 1u << 6,
+  OSR_SOCK_F_DRAINING = 1u << 7,
+};
+
+struct osr_sock_s {
+  /** The owner's pointer. */
+  void *data;
+  const osr_sock_events_t *ev;
+  uv_loop_t *loop;
+  /** Received plaintext not yet consumed by the owner. */
+  osr_buf_t input;
+
+  /* private */
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  } _h;
+  uv_timer_t _timer;
+  uv_idle_t _kick;            /* deferred delivery of buffered input */
+  uint64_t _idle_timeout_ms;
+  size_t _write_queue;        /* bytes queued and not yet written */
+  unsigned _flags;
+  int _open_handles;          /* handles to close before freeing */
+  osr_tls_conn_t *_tls;       /* NULL for cleartext */
+  osr_buf_t _raw;             /* TLS only: ciphertext read, not yet decrypted */
+  osr_listener_t *_listener;  /* accepted by; NULL for client sockets */
+  struct osr_sock_s *_prev, *_next; /* the listener's connection list */
+  int _in_cb;                 /* >0 while an owner callback runs */
+  int _close_pending;         /* close requested during a callback */
+  void (*_handshake_cb)(osr_sock_t *s, int status);
+};
+
+/**
+ * Allocate a socket for `loop` with an initialised, not yet connected TCP
+ * (is_pipe = 0) or unix (is_pipe = 1) handle. Used by the listener and the
+ * connector; owners normally get sockets from them. Returns 0 or an error.
+ */
+int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out);
+
+/** Set the owner's events and pointer (also used to hand a socket over,
+ *  e.g. HTTP/1.1 -> WebSocket). */
+void osr_sock_set_events(osr_sock_t *s, const osr_sock_events_t *ev, void *data);
+
+/** Start delivering on_read. Bytes already in s->input are delivered on the
+ *  next loop iteration. Returns 0 or an error. */
+int osr_sock_read_start(osr_sock_t *s);
+/** Stop delivering on_read (backpressure). Idempotent. */
+void osr_sock_read_stop(osr_sock_t *s);
+int osr_sock_is_reading(const osr_sock_t *s);
+
+/** Queue a scatter-gather write; see the file comment for the contract. */
+int osr_sock_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs, osr_sock_write_cb cb,
+                   void *arg);
+
+/** Bytes queued for writing and not yet handed to the kernel. */
+static inline size_t osr_sock_write_queue_size(const osr_sock_t *s)
+{
+  return s->_write_queue;
+}
+
+/** Shut down the write side after queued writes (TLS: close_notify first).
+ *  Callback contract as osr_sock_write. */
+int osr_sock_shutdown(osr_sock_t *s, osr_sock_write_cb cb, void *arg);
+
+/** Close; idempotent. See the file comment. */
+void osr_sock_close(osr_sock_t *s);
+int osr_sock_is_closing(const osr_sock_t *s);
+
+/** Idle timeout: reset by every read and completed write; 0 disables. */
+void osr_sock_set_idle_timeout(osr_sock_t *s, uint64_t ms);
+
+/** TCP_NODELAY on TCP sockets (no-op for pipes). */
+int osr_sock_set_nodelay(osr_sock_t *s, int enable);
+
+/** Negotiated ALPN protocol ("h2", "http/1.1") or NULL. */
+const char *osr_sock_alpn(const osr_sock_t *s);
+/** SNI host name the client asked for (server side) or NULL. */
+const char *osr_sock_sni(const osr_sock_t *s);
+static inline int osr_sock_is_tls(const osr_sock_t *s)
+{
+  return s->_tls != NULL;
+}
+
+/** Peer and local address in printable form ("127.0.0.1:443", "[::1]:80",
+ *  "unix"). Returns 0 or an error. */
+int osr_sock_peername(const osr_sock_t *s, char *out, size_t outlen);
+
+/* ---- for the TLS layer (tls.c) and the listener/connector ---------------- */
+
+/** Write bytes straight to the transport, bypassing TLS. */
+int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
+                        osr_sock_write_cb cb, void *arg);
+/** Start reading from the transport regardless of the owner's wish (used
+ *  during the TLS handshake). */
+int osr__sock_raw_read_start(osr_sock_t *s);
+/** Deliver on_read(s, status) to the owner under the callback guard. */
+void osr__sock_deliver(osr_sock_t *s, int status);
+/** Attach TLS and run the handshake (listener and connector). cb fires once
+ *  with 0 or an error (OSR_ETIMEDOUT after timeout_ms); returns 0, or an
+ *  error and cb never fires. The owner's events are not used meanwhile. */
+int osr__sock_start_tls(osr_sock_t *s, osr_tls_ctx_t *ctx, int is_server, const char *sni,
+                        uint64_t timeout_ms, void (*cb)(osr_sock_t *s, int status));
+/** Called by tls.c when the handshake is done. */
+void osr__sock_handshake_done(osr_sock_t *s, int status);
+
+#endif
