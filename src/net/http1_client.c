@@ -1,0 +1,3 @@
+/* PLACEHOLDER until the HTTP/1.1 client lands. */
+#include "net/http.h"
+int osr__http1_client_new(osr_sock_t *s, const osr_http_client_t *b, osr_http_client_t **out) { (void)b; (void)out; osr_sock_close(s); return OSR_EPROTO; }
