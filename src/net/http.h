@@ -139,6 +139,9 @@ int osr_http_server_listen(osr_http_server_t *srv, const char *addr, osr_tls_ctx
 /** Port of the n-th listener (for port 0 in tests). */
 int osr_http_server_port(const osr_http_server_t *srv, size_t n);
 
+/** Live connections over all listeners. */
+size_t osr_http_server_nconns(const osr_http_server_t *srv);
+
 /** Graceful shutdown: stop accepting, let in-flight requests finish (idle
  *  keep-alive connections close, HTTP/2 gets GOAWAY), force-close after
  *  grace_ms, then cb and free. */

@@ -96,6 +96,14 @@ int osr_http_server_port(const osr_http_server_t *srv, size_t n)
   return n < srv->nlisteners ? osr_listener_port(srv->listeners[n]) : 0;
 }
 
+size_t osr_http_server_nconns(const osr_http_server_t *srv)
+{
+  size_t n = 0;
+  for (size_t i = 0; i < srv->nlisteners; i++)
+    n += osr_listener_nconns(srv->listeners[i]);
+  return n;
+}
+
 static void on_listener_closed(osr_listener_t *l)
 {
   osr_http_server_t *srv = l->data;

@@ -227,10 +227,8 @@ def node_modules():
 
 
 def pattern(n, seed=0):
-    """Deterministic n-byte payload, the same as osr-testd's /bytes route."""
-    out = bytearray(n)
-    x = (seed * 2654435761 + 1) & 0xFFFFFFFF
-    for i in range(n):
-        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
-        out[i] = (x >> 16) & 0xFF
-    return bytes(out)
+    """Deterministic n-byte payload, the same as osr-testd's /bytes route:
+    a 251-byte block (prime length, so it never aligns with buffer sizes)
+    with byte i = (i*31 + seed*7 + 11) mod 256, repeated."""
+    blk = bytes(((i * 31 + seed * 7 + 11) & 0xFF) for i in range(251))
+    return (blk * (n // 251 + 1))[:n]
