@@ -50,7 +50,7 @@ static void start_request(void);
 static void stop_deadline(void)
 {
   if (!uv_is_closing((uv_handle_t *)&deadline))
-    stop_deadline();
+    uv_close((uv_handle_t *)&deadline, NULL);
 }
 
 static void fail(int code, const char *what)
