@@ -1,0 +1,412 @@
+/*
+ * Socket core tests on real loopback sockets: listener + connector over IPv4,
+ * IPv6 and unix sockets, zero-copy echo, the connection limit, drain, idle
+ * timeout, input cap, refused connects and DNS.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "net/connect.h"
+#include "net/listener.h"
+#include "net/sock.h"
+#include "util/mem.h"
+
+#define PAYLOAD (4 * 1024 * 1024 + 17)
+
+static uv_loop_t loop;
+static uint8_t *payload;
+
+/* ---- server: zero-copy echo ---------------------------------------------- */
+
+typedef struct server_s {
+  osr_listener_t *l;
+  int accepted;
+  int closed;
+  int drained;
+  int timeouts;
+  int too_large;
+  int no_echo;
+} server_t;
+
+static void srv_echo_written(osr_sock_t *s, int status, void *arg)
+{
+  size_t n = (size_t)(uintptr_t)arg;
+  if (status != 0)
+    return;
+  osr_buf_consume(&s->input, n);
+  osr_sock_read_start(s);
+}
+
+static void srv_on_read(osr_sock_t *s, int status)
+{
+  server_t *srv = s->data;
+  if (status == OSR_ETOOLARGE) {
+    srv->too_large++;
+    osr_sock_close(s);
+    return;
+  }
+  if (status < 0) {
+    osr_sock_close(s);
+    return;
+  }
+  if (srv->no_echo)
+    return; /* never consume: the input cap must stop the peer */
+  /* Write straight from the input buffer, stop reading until written. */
+  osr_iovec_t iov = osr_iov(osr_buf_data(&s->input), s->input.len);
+  osr_sock_read_stop(s);
+  assert_int_equal(osr_sock_write(s, &iov, 1, srv_echo_written, (void *)(uintptr_t)iov.len), 0);
+}
+
+static void srv_on_close(osr_sock_t *s)
+{
+  server_t *srv = s->data;
+  srv->closed++;
+}
+
+static void srv_on_timeout(osr_sock_t *s)
+{
+  server_t *srv = s->data;
+  srv->timeouts++;
+  osr_sock_close(s);
+}
+
+static void srv_on_drain(osr_sock_t *s)
+{
+  server_t *srv = s->data;
+  srv->drained++;
+  /* Deliberately do not close: the grace timer must force it. */
+}
+
+static const osr_sock_events_t srv_events = {srv_on_read, srv_on_close, srv_on_timeout,
+                                             srv_on_drain};
+static uint64_t srv_idle_ms;
+static size_t srv_input_max;
+
+static void on_accept(osr_listener_t *l, osr_sock_t *s)
+{
+  server_t *srv = l->data;
+  srv->accepted++;
+  osr_sock_set_events(s, &srv_events, srv);
+  if (srv_idle_ms != 0)
+    osr_sock_set_idle_timeout(s, srv_idle_ms);
+  if (srv_input_max != 0)
+    s->input.max = srv_input_max;
+  osr_sock_read_start(s);
+}
+
+/* ---- client: send payload, read it back -------------------------------------- */
+
+typedef struct client_s {
+  osr_sock_t *s;
+  int status;
+  size_t received;
+  int mismatch;
+  int closed;
+  int done;
+  int connected;
+} client_t;
+
+static void cli_on_read(osr_sock_t *s, int status)
+{
+  client_t *c = s->data;
+  if (status < 0) {
+    c->status = status;
+    osr_sock_close(s);
+    return;
+  }
+  size_t n = s->input.len;
+  if (c->received + n > PAYLOAD || memcmp(osr_buf_data(&s->input), payload + c->received, n) != 0)
+    c->mismatch = 1;
+  c->received += n;
+  osr_buf_consume(&s->input, n);
+  if (c->received >= PAYLOAD) {
+    c->done = 1;
+    osr_sock_close(s);
+  }
+}
+
+static void cli_on_close(osr_sock_t *s)
+{
+  client_t *c = s->data;
+  c->closed = 1;
+  c->s = NULL;
+}
+
+static const osr_sock_events_t cli_events = {cli_on_read, cli_on_close, NULL, NULL};
+
+static void cli_written(osr_sock_t *s, int status, void *arg)
+{
+  (void)s;
+  (void)arg;
+  assert_true(status == 0 || status == OSR_ECANCELED);
+}
+
+static size_t send_len = PAYLOAD;
+
+static void on_connected(osr_sock_t *s, int status, void *data)
+{
+  client_t *c = data;
+  c->status = status;
+  if (status != 0)
+    return;
+  c->connected = 1;
+  c->s = s;
+  osr_sock_set_events(s, &cli_events, c);
+  /* Scatter-gather: the payload in three slices. */
+  if (send_len < PAYLOAD) {
+    osr_iovec_t one = osr_iov(payload, send_len);
+    assert_int_equal(osr_sock_write(s, &one, 1, cli_written, NULL), 0);
+  } else {
+    osr_iovec_t iov[3] = {osr_iov(payload, 1000), osr_iov(payload + 1000, PAYLOAD / 2),
+                          osr_iov(payload + 1000 + PAYLOAD / 2, PAYLOAD - 1000 - PAYLOAD / 2)};
+    assert_int_equal(osr_sock_write(s, iov, 3, cli_written, NULL), 0);
+  }
+  osr_sock_read_start(s);
+}
+
+static void on_wake(uv_timer_t *t)
+{
+  (void)t;
+}
+
+/* Run the loop until *flag is set or ms passed; a timer bounds each wait. */
+static void run_until(int *flag, int ms)
+{
+  uv_timer_t wake;
+  uv_timer_init(&loop, &wake);
+  uv_timer_start(&wake, on_wake, 20, 20);
+  uint64_t end = uv_now(&loop) + (uint64_t)ms;
+  while (!*flag && uv_now(&loop) < end) {
+    uv_run(&loop, UV_RUN_ONCE);
+    uv_update_time(&loop);
+  }
+  uv_close((uv_handle_t *)&wake, NULL);
+  uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+static int listener_closed;
+static void on_listener_closed(osr_listener_t *l)
+{
+  (void)l;
+  listener_closed = 1;
+}
+
+static void close_listener(server_t *srv, uint64_t grace)
+{
+  listener_closed = 0;
+  osr_listener_close(srv->l, grace, on_listener_closed);
+  run_until(&listener_closed, 5000);
+  assert_true(listener_closed);
+}
+
+static void echo_roundtrip(const char *listen_addr, const char *connect_host)
+{
+  server_t srv = {0};
+  client_t cli = {0};
+  char addr[128];
+
+  assert_int_equal(osr_listener_new(&loop, listen_addr, NULL, on_accept, &srv, &srv.l), 0);
+  if (connect_host != NULL)
+    snprintf(addr, sizeof(addr), "%s:%d", connect_host, osr_listener_port(srv.l));
+  else
+    snprintf(addr, sizeof(addr), "%s", listen_addr);
+  assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli, NULL), 0);
+  run_until(&cli.closed, 20000);
+  assert_int_equal(cli.status, 0);
+  assert_true(cli.done);
+  assert_false(cli.mismatch);
+  assert_int_equal(cli.received, PAYLOAD);
+  close_listener(&srv, 1000);
+  assert_int_equal(srv.accepted, 1);
+}
+
+static void test_echo_ipv4(void **state)
+{
+  (void)state;
+  echo_roundtrip("127.0.0.1:0", "127.0.0.1");
+}
+
+static void test_echo_ipv6(void **state)
+{
+  (void)state;
+  echo_roundtrip("[::1]:0", "[::1]");
+}
+
+static void test_echo_dns_localhost(void **state)
+{
+  (void)state;
+  echo_roundtrip("127.0.0.1:0", "localhost");
+}
+
+static void test_echo_unix(void **state)
+{
+  (void)state;
+  char path[64], listen_addr[80];
+  snprintf(path, sizeof(path), "/tmp/osr-test-%d.sock", (int)getpid());
+  snprintf(listen_addr, sizeof(listen_addr), "unix:%s", path);
+  echo_roundtrip(listen_addr, NULL);
+  assert_int_not_equal(access(path, F_OK), 0); /* removed on close */
+}
+
+static void test_connect_refused_and_bad_addr(void **state)
+{
+  (void)state;
+  server_t srv = {0};
+  client_t cli = {0};
+  char addr[64];
+  /* Grab a free port, then close the listener so nothing listens there. */
+  assert_int_equal(osr_listener_new(&loop, "127.0.0.1:0", NULL, on_accept, &srv, &srv.l), 0);
+  int port = osr_listener_port(srv.l);
+  close_listener(&srv, 0);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  cli.status = 1;
+  assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli, NULL), 0);
+  while (cli.status == 1)
+    uv_run(&loop, UV_RUN_ONCE);
+  assert_int_equal(cli.status, UV_ECONNREFUSED);
+
+  assert_int_equal(osr_connect(&loop, "no-port", NULL, on_connected, &cli, NULL), OSR_EINVAL);
+  assert_int_equal(osr_listener_new(&loop, "localhost:0", NULL, on_accept, &srv, &srv.l),
+                   OSR_EINVAL); /* listeners take numeric addresses */
+  uv_run(&loop, UV_RUN_NOWAIT);
+
+  cli.status = 1;
+  assert_int_equal(osr_connect(&loop, "name.invalid:80", NULL, on_connected, &cli, NULL), 0);
+  while (cli.status == 1)
+    uv_run(&loop, UV_RUN_ONCE);
+  assert_int_equal(cli.status, OSR_EDNS);
+}
+
+static void test_connection_limit(void **state)
+{
+  (void)state;
+  server_t srv = {0};
+  client_t cli[3];
+  char addr[64];
+  osr_listener_opts_t o = {0};
+  o.max_conns = 2;
+  memset(cli, 0, sizeof(cli));
+  srv.no_echo = 1;
+  send_len = 10;
+  assert_int_equal(osr_listener_new(&loop, "127.0.0.1:0", &o, on_accept, &srv, &srv.l), 0);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", osr_listener_port(srv.l));
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli[i], NULL), 0);
+  int never = 0;
+  run_until(&never, 300);
+  /* All three are connected at the TCP level (backlog), two accepted. */
+  assert_int_equal(srv.accepted, 2);
+  assert_int_equal(osr_listener_nconns(srv.l), 2);
+  /* Close one client; its server side sees EOF and closes; the third gets in. */
+  for (int i = 0; i < 3; i++) {
+    if (cli[i].s != NULL) {
+      osr_sock_close(cli[i].s);
+      break;
+    }
+  }
+  run_until(&never, 300);
+  assert_int_equal(srv.accepted, 3);
+  for (int i = 0; i < 3; i++)
+    if (cli[i].s != NULL)
+      osr_sock_close(cli[i].s);
+  send_len = PAYLOAD;
+  close_listener(&srv, 1000);
+}
+
+static void test_drain_grace_and_idle_timeout(void **state)
+{
+  (void)state;
+  server_t srv = {0};
+  client_t cli = {0};
+  char addr[64];
+  srv.no_echo = 1;
+  send_len = 10;
+  assert_int_equal(osr_listener_new(&loop, "127.0.0.1:0", NULL, on_accept, &srv, &srv.l), 0);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", osr_listener_port(srv.l));
+  assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli, NULL), 0);
+  int never = 0;
+  run_until(&never, 200);
+  assert_int_equal(srv.accepted, 1);
+  /* on_drain does not close: the grace period (200 ms) force-closes. */
+  uint64_t t0 = uv_now(&loop);
+  close_listener(&srv, 200);
+  assert_int_equal(srv.drained, 1);
+  assert_int_equal(srv.closed, 1);
+  assert_true(uv_now(&loop) - t0 >= 190);
+  run_until(&cli.closed, 2000);
+  assert_true(cli.closed);
+
+  /* Idle timeout fires on a connection that goes quiet. */
+  server_t srv2 = {0};
+  client_t cli2 = {0};
+  srv2.no_echo = 1;
+  srv_idle_ms = 150;
+  assert_int_equal(osr_listener_new(&loop, "127.0.0.1:0", NULL, on_accept, &srv2, &srv2.l), 0);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", osr_listener_port(srv2.l));
+  assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli2, NULL), 0);
+  run_until(&cli2.closed, 3000);
+  srv_idle_ms = 0;
+  send_len = PAYLOAD;
+  assert_int_equal(srv2.timeouts, 1);
+  assert_true(cli2.closed);
+  close_listener(&srv2, 100);
+}
+
+static void test_input_cap(void **state)
+{
+  (void)state;
+  server_t srv = {0};
+  client_t cli = {0};
+  char addr[64];
+  srv.no_echo = 1;
+  srv_input_max = 64 * 1024;
+  assert_int_equal(osr_listener_new(&loop, "127.0.0.1:0", NULL, on_accept, &srv, &srv.l), 0);
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", osr_listener_port(srv.l));
+  assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli, NULL), 0);
+  run_until(&cli.closed, 5000);
+  srv_input_max = 0;
+  assert_int_equal(srv.too_large, 1);
+  assert_true(cli.closed);
+  close_listener(&srv, 100);
+}
+
+static int setup(void **state)
+{
+  (void)state;
+  uv_loop_init(&loop);
+  return 0;
+}
+
+static int teardown(void **state)
+{
+  (void)state;
+  uv_run(&loop, UV_RUN_NOWAIT);
+  assert_int_equal(uv_loop_close(&loop), 0); /* every handle was closed */
+  return 0;
+}
+
+int main(void)
+{
+  payload = osr_xmalloc(PAYLOAD);
+  for (size_t i = 0; i < PAYLOAD; i++)
+    payload[i] = (uint8_t)(i * 131 + (i >> 9));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_echo_ipv4, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_echo_ipv6, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_echo_dns_localhost, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_echo_unix, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_connect_refused_and_bad_addr, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_connection_limit, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_drain_grace_and_idle_timeout, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_input_cap, setup, teardown),
+  };
+  int rv = cmocka_run_group_tests(tests, NULL, NULL);
+  osr_free(payload);
+  return rv;
+}
