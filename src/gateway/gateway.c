@@ -34,7 +34,7 @@ static void respond_json(osr_http_req_t *req, int status, json_t *j)
     return;
   }
   osr_http_send(req, status, "application/json", s, strlen(s));
-  free(s);
+  osr_json_free(s);
 }
 
 static void error_json(osr_http_req_t *req, int status, const char *code, const char *msg)

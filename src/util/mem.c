@@ -167,6 +167,14 @@ int osr_mem_install_deps(void)
   return 0;
 }
 
+void osr_json_free(void *ptr)
+{
+  json_free_t free_fn = NULL;
+  json_get_alloc_funcs(NULL, &free_fn);
+  if (ptr != NULL && free_fn != NULL)
+    free_fn(ptr);
+}
+
 const char *osr_strerror(int err)
 {
   switch (err) {

@@ -57,6 +57,10 @@ void osr_free(void *ptr);
     *(pp) = NULL;       \
   } while (0)
 
+/** Free memory that jansson allocated for us (json_dumps results), with
+ *  whichever allocator jansson was given. */
+void osr_json_free(void *ptr);
+
 /** The active allocator, e.g. to build an nghttp2_mem. */
 const osr_mem_t *osr_mem_get(void);
 
