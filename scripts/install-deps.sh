@@ -14,7 +14,7 @@ build_pkgs=(
 )
 # Independent protocol peers the tests drive against our servers and clients.
 test_pkgs=(curl nghttp2-client openssl nodejs npm python3 iproute2 procps)
-bench_pkgs=(nginx-light wrk haproxy hyperfine)
+bench_pkgs=(nginx-light libnginx-mod-http-echo wrk haproxy hyperfine)
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}")
 if [[ "${1:-}" == "--bench" ]]; then

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""HTTP benchmark: osr-testd (the OSR network core) side by side with nginx.
+
+Both servers answer the same bytes on the same machine, each pinned to the
+same core (--server-cpu, default 1) with one worker; the load generator runs
+on the other core (--client-cpu, default 0). Rounds are interleaved
+(osr, nginx, osr, nginx, ...) so drift hits both alike; the median round is
+reported, with ratios osr/nginx.
+
+Workloads:
+  hello-h1   GET /hello (12-byte body), HTTP/1.1 keep-alive, wrk
+  echo-h1    POST /echo with a 16 KiB body echoed back, HTTP/1.1, wrk
+  hello-h2   GET /hello over h2c prior knowledge, h2load (10 streams/conn)
+  echo-h2    POST /echo with a 16 KiB body over h2c, h2load
+
+Usage: bench/http_bench.py [--build DIR] [--rounds N] [--duration S]
+                           [--conns N] [--out FILE]
+Needs: wrk, h2load (nghttp2-client), nginx-light + libnginx-mod-http-echo
+(scripts/install-deps.sh --bench).
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+NGINX_CONF = """
+load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;
+worker_processes 1;
+worker_cpu_affinity {affinity};
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  keepalive_timeout 60s;
+  client_body_buffer_size 64k;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  server {{
+    listen 127.0.0.1:{port};
+    listen 127.0.0.1:{h2port} http2;
+    location = /hello {{ default_type text/plain; return 200 "hello world\\n"; }}
+    location = /echo {{ echo_read_request_body; echo_request_body; }}
+  }}
+}}
+"""
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def wait_port(port, timeout=10):
+    import socket
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("port %d never opened" % port)
+
+
+def start_osr(build, cpu):
+    exe = os.path.join(build, "tests", "osr-testd")
+    p = subprocess.Popen(["taskset", "-c", str(cpu), exe, "--listen", "127.0.0.1:0",
+                          "--log-level", "error", "--max-conns", "20000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    port = None
+    for line in p.stdout:
+        if line.startswith("listening "):
+            port = int(line.split()[-1])
+        if line.startswith("ready"):
+            break
+    return p, port, port  # the same port serves HTTP/1.1 and h2c
+
+
+def start_nginx(cpu, tmp):
+    port, h2port = free_port(), free_port()
+    for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(tmp, d), exist_ok=True)
+    conf = os.path.join(tmp, "nginx.conf")
+    affinity = "1" + "0" * cpu  # bitmask with only `cpu` set
+    with open(conf, "w") as f:
+        f.write(NGINX_CONF.format(dir=tmp, port=port, h2port=h2port, affinity=affinity))
+    p = subprocess.Popen(["nginx", "-c", conf, "-p", tmp], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    wait_port(port)
+    wait_port(h2port)
+    return p, port, h2port
+
+
+def stop(p):
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def wrk(cpu, url, duration, conns, script=None):
+    args = ["taskset", "-c", str(cpu), "wrk", "-t1", "-c%d" % conns, "-d%ds" % duration, "--latency"]
+    if script:
+        args += ["-s", script]
+    out = subprocess.run(args + [url], capture_output=True, text=True, timeout=duration + 60).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    lat = {}
+    for pct in ("50", "99"):
+        m = re.search(r"\s%s(?:\.000)?%%\s+([\d.]+)(us|ms|s)" % pct, out)
+        v = float(m.group(1))
+        lat[pct] = v * {"us": 1, "ms": 1000, "s": 1e6}[m.group(2)]
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    sock_err = re.search(r"Socket errors: (.*)", out)
+    if errors or sock_err:
+        print("  warning: %s %s" % (errors.group(0) if errors else "", sock_err.group(0) if sock_err else ""),
+              file=sys.stderr)
+    return {"rps": rps, "p50_us": lat["50"], "p99_us": lat["99"]}
+
+
+def h2load(cpu, url, duration, conns, data=None):
+    args = ["taskset", "-c", str(cpu), "h2load", "-t1", "-c%d" % conns, "-m10", "-D%d" % duration]
+    if data:
+        args += ["-d", data]
+    out = subprocess.run(args + [url], capture_output=True, text=True, timeout=duration + 60).stdout
+    m = re.search(r"finished in [\d.]+\w+, ([\d.]+) req/s", out)
+    st = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed", out)
+    lat = re.search(r"time for request:\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)\s+([\d.]+)(us|ms|s)", out)
+    if m is None or st is None:
+        raise RuntimeError("h2load output not understood:\n" + out)
+    if int(st.group(2)) != 0:
+        print("  warning: h2load %s failed requests" % st.group(2), file=sys.stderr)
+    mean = float(lat.group(5)) * {"us": 1, "ms": 1000, "s": 1e6}[lat.group(6)] if lat else float("nan")
+    return {"rps": float(m.group(1)), "mean_us": mean}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build-release"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=8)
+    ap.add_argument("--conns", type=int, default=50)
+    ap.add_argument("--server-cpu", type=int, default=1)
+    ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--only", default="hello-h1,echo-h1,hello-h2,echo-h2")
+    ap.add_argument("--out", default=None, help="append a markdown report to this file")
+    a = ap.parse_args()
+    for tool in ("wrk", "h2load", "nginx", "taskset"):
+        if shutil.which(tool) is None:
+            sys.exit("missing %s: run scripts/install-deps.sh --bench" % tool)
+
+    tmp = tempfile.mkdtemp(prefix="osr-bench-")
+    body = os.path.join(tmp, "body16k")
+    with open(body, "wb") as f:
+        f.write(bytes((i * 31 + 11) & 0xFF for i in range(16384)))
+    lua = os.path.join(tmp, "post.lua")
+    with open(lua, "w") as f:
+        f.write('wrk.method = "POST"\nlocal f = io.open("%s", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
+                'wrk.headers["Content-Type"] = "application/octet-stream"\n' % body)
+
+    workloads = {
+        "hello-h1": lambda port, h2port: wrk(a.client_cpu, "http://127.0.0.1:%d/hello" % port, a.duration, a.conns),
+        "echo-h1": lambda port, h2port: wrk(a.client_cpu, "http://127.0.0.1:%d/echo" % port, a.duration, a.conns, lua),
+        "hello-h2": lambda port, h2port: h2load(a.client_cpu, "http://127.0.0.1:%d/hello" % h2port, a.duration, a.conns),
+        "echo-h2": lambda port, h2port: h2load(a.client_cpu, "http://127.0.0.1:%d/echo" % h2port, a.duration, a.conns, body),
+    }
+    chosen = [w for w in a.only.split(",") if w]
+    results = {w: {"osr": [], "nginx": []} for w in chosen}
+    try:
+        for r in range(a.rounds):
+            for name in ("osr", "nginx"):
+                p, port, h2port = start_osr(a.build, a.server_cpu) if name == "osr" else start_nginx(a.server_cpu, tmp)
+                try:
+                    for w in chosen:
+                        res = workloads[w](port, h2port)
+                        results[w][name].append(res)
+                        print("round %d %-6s %-9s %s" % (r + 1, name, w, res), flush=True)
+                finally:
+                    stop(p)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    cmd = "bench/http_bench.py " + " ".join(sys.argv[1:])
+    lines = ["", "### %s — `%s`" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), cmd.strip()), "",
+             "Median of %d interleaved rounds, %ds each, %d connections; servers on cpu %d, load on cpu %d." % (
+                 a.rounds, a.duration, a.conns, a.server_cpu, a.client_cpu), "",
+             "| workload | osr req/s | nginx req/s | ratio | osr p50 / p99 µs | nginx p50 / p99 µs |",
+             "|---|---|---|---|---|---|"]
+    for w in chosen:
+        o, n = results[w]["osr"], results[w]["nginx"]
+        orps = statistics.median(x["rps"] for x in o)
+        nrps = statistics.median(x["rps"] for x in n)
+        if "p50_us" in o[0]:
+            olat = "%.0f / %.0f" % (statistics.median(x["p50_us"] for x in o), statistics.median(x["p99_us"] for x in o))
+            nlat = "%.0f / %.0f" % (statistics.median(x["p50_us"] for x in n), statistics.median(x["p99_us"] for x in n))
+        else:
+            olat = "mean %.0f" % statistics.median(x["mean_us"] for x in o)
+            nlat = "mean %.0f" % statistics.median(x["mean_us"] for x in n)
+        lines.append("| %s | %.0f | %.0f | **%.2f×** | %s | %s |" % (w, orps, nrps, orps / nrps, olat, nlat))
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(report)
+
+
+if __name__ == "__main__":
+    main()
