@@ -22,6 +22,7 @@ typedef struct gateway_s {
   osr_http_server_t *http;
   uv_signal_t sigterm, sigint;
   uint64_t started_ms;
+  uint64_t drain_ms;
   int draining;
 } gateway_t;
 
@@ -92,7 +93,7 @@ static void on_signal(uv_signal_t *h, int signum)
   OSR_LOG_INFO("gateway", "signal %d: draining", signum);
   uv_signal_stop(&gw->sigterm);
   uv_signal_stop(&gw->sigint);
-  osr_http_server_close(gw->http, 10000, on_http_closed, gw);
+  osr_http_server_close(gw->http, gw->drain_ms, on_http_closed, gw);
 }
 
 static void print_usage(FILE *f, const char *prog)
@@ -187,6 +188,7 @@ int osr_gateway_run(const osr_gateway_config_t *cfg)
   osr_tls_ctx_t *tls = NULL;
 
   memset(&gw, 0, sizeof(gw));
+  gw.drain_ms = cfg->drain_ms;
   signal(SIGPIPE, SIG_IGN);
   gw.loop = uv_default_loop();
   gw.started_ms = uv_now(gw.loop);

@@ -129,7 +129,7 @@ class Health(unittest.TestCase):
 
 class Drain(unittest.TestCase):
     def test_sigterm_drains_and_exits_zero(self):
-        p = start("--listen", "127.0.0.1:0", exe=GATEWAY)
+        p = start("--listen", "127.0.0.1:0", "--drain-ms", "60000", exe=GATEWAY)
         port = port_of(p)
         # An idle keep-alive connection must not hold the drain up.
         import socket
@@ -139,7 +139,8 @@ class Drain(unittest.TestCase):
         t0 = time.time()
         rc = p.stop(signal.SIGTERM)
         self.assertEqual(rc, 0)
-        self.assertLess(time.time() - t0, 8)  # idle connections close at once, far under --drain-ms
+        # Idle connections close at once: far under the 60 s grace period.
+        self.assertLess(time.time() - t0, 30)
         self.assertIn("drained", p.stderr_text())
         s.close()
 
