@@ -187,6 +187,10 @@ int osr_gateway_run(const osr_gateway_config_t *cfg)
   osr_http_server_opts_t opts;
   osr_tls_ctx_t *tls = NULL;
 
+  /* Route libuv's and jansson's allocations through osr_mem before the
+   * first loop exists. */
+  if (osr_mem_install_deps() != 0)
+    OSR_LOG_DEBUG("gateway", "libuv allocator already in use; not replaced");
   memset(&gw, 0, sizeof(gw));
   gw.drain_ms = cfg->drain_ms;
   signal(SIGPIPE, SIG_IGN);
