@@ -60,6 +60,7 @@ static void finish(osr_connect_t *c, osr_sock_t *s, int status)
   c->done = 1;
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
   if (status != 0 && c->sock != NULL) {
+    c->sock->data = NULL;
     osr_sock_close(c->sock);
   }
   c->sock = NULL;
@@ -72,16 +73,15 @@ static void on_deadline(uv_timer_t *t)
   finish(c, NULL, OSR_ETIMEDOUT);
 }
 
+/* The handshake is not counted in `pending`: if finish() runs first
+ * (deadline, cancel) it closes the socket, after which the handshake
+ * callback can no longer fire, and it clears s->data in case it does. */
 static void on_handshake(osr_sock_t *s, int status)
 {
   osr_connect_t *c = s->data;
   s->data = NULL;
-  if (c == NULL)
-    return;
-  c->pending--;
-  if (c->done) {
+  if (c == NULL || c->done) {
     osr_sock_close(s);
-    maybe_free(c);
     return;
   }
   c->sock = status == 0 ? NULL : s;
@@ -113,10 +113,8 @@ static void on_connected(uv_connect_t *req, int status)
   if (c->opts.tls != NULL) {
     s->data = c;
     int rv = osr__sock_start_tls(s, c->opts.tls, 0, c->sni, 0, on_handshake);
-    if (rv == 0) {
-      c->pending++;
-      return;
-    }
+    if (rv == 0)
+      return; /* c->sock stays set until the handshake ends */
     finish(c, NULL, rv);
     maybe_free(c);
     return;
