@@ -1,3 +1,985 @@
-/* PLACEHOLDER until the HTTP/1.1 module lands: connections are closed. */
+/*
+ * HTTP/1.1 server connections on llhttp (through the bounded parser in
+ * http1_parse.c), behind the request API of http.h.
+ *
+ * One connection, one request at a time. Requests are parsed in order; the
+ * parser stops at each message boundary and the connection stops reading
+ * until the current exchange is over (response written and request body
+ * consumed), so pipelined bytes stay in sock->input and a client that
+ * pipelines faster than we answer fills its own socket buffer, not our
+ * memory (STYLE 14).
+ *
+ * Memory. The parser collects the head in a capped buffer owned by the
+ * connection; when the head is complete it is copied, with the request
+ * struct and the header array, into one allocation per request that is
+ * freed right after on_done (STYLE 10). Nothing points into the read
+ * buffer after a callback returns, except a body chunk the handler holds.
+ *
+ * Body flow control. A body chunk is a span of sock->input. If the handler
+ * holds it, the parser pauses right after it (llhttp HPE_PAUSED), the socket
+ * stops reading and the chunk stays unconsumed in sock->input (which the
+ * socket never moves while reading is stopped); release consumes it and
+ * reading resumes, the buffered rest being delivered on the next loop turn.
+ *
+ * Output backpressure. Every response write is one osr_sock_write and only
+ * one may be in flight per request; its callback fires once the bytes left
+ * for the kernel. So the handler's write callback is what drives more
+ * output: a producer that writes from the callback never queues more than
+ * one write's worth on a slow client, whatever the socket's write queue
+ * holds. Each write is flushed as it comes (no coalescing), which is what
+ * streamed responses need.
+ *
+ * Lifetime. The connection owns a uv_timer (header timeout, lingering close,
+ * deferred empty writes) besides the socket. It is freed in the timer's close
+ * callback, which is only started from the socket's on_close (or after the
+ * socket was handed to HTTP/2 or an Upgrade callback), so both handles are
+ * gone before the memory is (STYLE 20). Requests end in exactly one of two
+ * places: exchange_done() when the exchange completed, or on_sock_close()
+ * for every kind of failure, so on_done fires exactly once.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
 #include "net/http.h"
-void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s) { (void)srv; osr_sock_close(s); }
+#include "net/http1_parse.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define MOD "http1"
+
+/* After an error response or a Connection: close response we shut down our
+ * side and read (and drop) what the client still sends for a while, so the
+ * kernel does not answer unread data with an RST that would destroy the
+ * response before the client read it (lingering close, as nginx/h2o do). */
+#define LINGER_MS 2000
+#define LINGER_MAX_BYTES (1024 * 1024)
+
+#define INLINE_IOVS 16
+
+static const char H2_PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+#define H2_PREFACE_LEN (sizeof(H2_PREFACE) - 1)
+
+typedef struct h1conn_s h1conn_t;
+
+enum { TIMER_NONE, TIMER_HEADER, TIMER_LINGER, TIMER_DEFER };
+
+typedef struct h1req_s {
+  osr_http_req_t pub; /* first: the API hands out &pub */
+  h1conn_t *conn;
+
+  /* request side */
+  int req_keep_alive;   /* the client allows another request after this one */
+  int body_complete;    /* the parser saw the end of the message */
+  int body_final;       /* on_body got its final call */
+  int in_body_cb;
+  int held;
+  int expect_100;       /* Expect: 100-continue and 100 not sent */
+  int is_head;
+
+  /* response side */
+  int keep_alive;       /* decided when the response starts */
+  int chunked;
+  int no_body;
+  int64_t resp_cl;      /* -1: chunked or until close */
+  uint64_t resp_written;
+  int head_pending;     /* formatted, goes out with the first write */
+  int end_queued;
+  int resp_done;        /* the last write completed */
+  int write_inflight;
+  int deferred_empty;   /* an empty write completes from the timer */
+  osr_http_write_cb wcb;
+  void *warg;
+  osr_buf_t head;
+  char chunk_line[24];
+  osr_iovec_t iov_inline[INLINE_IOVS];
+  osr_iovec_t *iov_heap;
+
+  /* upgrade */
+  int upgrading;
+  osr_http_upgrade_cb ucb;
+  void *uarg;
+} h1req_t;
+
+struct h1conn_s {
+  osr_http_server_t *srv;
+  const osr_http_server_opts_t *opts;
+  osr_sock_t *sock;     /* NULL once closed or handed over */
+  osr_h1p_t p;
+  uv_timer_t timer;
+  int timer_mode;
+  h1req_t *req;         /* the current exchange, or NULL */
+  int sniff;            /* cleartext and nothing parsed yet: look for h2c */
+  int draining;
+  int lingering;
+  size_t linger_bytes;
+  int err_writing;      /* our own error response is being written */
+  int closing;
+  int close_status;     /* why, for on_done */
+  int peer_eof;
+  char errbuf[192];
+  char peer[64];
+};
+
+static void process_input(h1conn_t *c);
+static void exchange_done(h1conn_t *c);
+
+static const osr_iovec_t EMPTY_CHUNK = {NULL, 0};
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static int sock_usable(const h1conn_t *c)
+{
+  return c->sock != NULL && !c->closing && !osr_sock_is_closing(c->sock);
+}
+
+static void timer_set(h1conn_t *c, int mode, uint64_t ms);
+
+static void conn_close(h1conn_t *c, int status)
+{
+  if (c->sock == NULL || c->closing)
+    return;
+  c->closing = 1;
+  if (c->close_status == 0)
+    c->close_status = status;
+  uv_timer_stop(&c->timer);
+  c->timer_mode = TIMER_NONE;
+  osr_sock_close(c->sock);
+}
+
+static void free_req(h1req_t *r)
+{
+  osr_buf_dispose(&r->head);
+  osr_freep(&r->iov_heap);
+  osr_free(r);
+}
+
+/* Final on_body call for a body that ended abnormally (at most once). */
+static void body_final(h1req_t *r, int status)
+{
+  if (r->body_final || r->body_complete)
+    return;
+  r->body_final = 1;
+  if (r->pub.on_body != NULL)
+    r->pub.on_body(&r->pub, &EMPTY_CHUNK, status);
+}
+
+/* End the current request with a failure. Only from a top-level callback. */
+static void fail_req(h1conn_t *c, int status)
+{
+  h1req_t *r = c->req;
+  if (r == NULL)
+    return;
+  c->req = NULL;
+  body_final(r, status);
+  osr__http_req_done(&r->pub, status);
+  if (r->upgrading && r->ucb != NULL)
+    r->ucb(NULL, status, r->uarg);
+  free_req(r);
+}
+
+/* RFC 7231 IMF-fixdate, formatted once per second. */
+static const char *http_date(void)
+{
+  static char buf[40];
+  static time_t last;
+  time_t now = time(NULL);
+  if (now != last || buf[0] == '\0') {
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(buf, sizeof(buf), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    last = now;
+  }
+  return buf;
+}
+
+/* ---- lingering close and error responses ----------------------------------- */
+
+static void linger_close(h1conn_t *c)
+{
+  if (!sock_usable(c))
+    return;
+  c->lingering = 1;
+  c->linger_bytes = 0;
+  osr_buf_consume(&c->sock->input, c->sock->input.len);
+  if (osr_sock_shutdown(c->sock, NULL, NULL) != 0 || c->peer_eof) {
+    conn_close(c, 0);
+    return;
+  }
+  osr_sock_read_start(c->sock);
+  timer_set(c, TIMER_LINGER, LINGER_MS);
+}
+
+static void on_err_written(osr_sock_t *s, int status, void *arg)
+{
+  h1conn_t *c = arg;
+  (void)s;
+  c->err_writing = 0;
+  if (status != 0)
+    conn_close(c, status);
+  else
+    linger_close(c);
+}
+
+/* The request is invalid or timed out: answer `status` ourselves if no
+ * response was started, then close. */
+static void conn_fail(h1conn_t *c, int status, int err)
+{
+  if (!sock_usable(c))
+    return;
+  h1req_t *r = c->req;
+  if (r != NULL && (r->pub._responded || r->write_inflight)) {
+    /* Mid-response: nothing valid can be said any more. */
+    conn_close(c, err);
+    return;
+  }
+  OSR_LOG_DEBUG(MOD, "%s: %d (%s)", c->peer, status, osr_strerror(err));
+  uv_timer_stop(&c->timer);
+  c->timer_mode = TIMER_NONE;
+  osr_sock_read_stop(c->sock);
+  int n = snprintf(c->errbuf, sizeof(c->errbuf),
+                   "HTTP/1.1 %d %s\r\ndate: %s\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                   status, osr_http_reason(status), http_date());
+  osr_iovec_t iov = osr_iov(c->errbuf, (size_t)n);
+  c->err_writing = 1;
+  if (osr_sock_write(c->sock, &iov, 1, on_err_written, c) != 0) {
+    c->err_writing = 0;
+    conn_close(c, err);
+  }
+  /* Tell the handler only now: whatever it does in on_body/on_done (answer,
+   * abort) no longer applies to this connection, so our answer goes out. */
+  fail_req(c, err);
+}
+
+/* ---- timers ----------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t)
+{
+  h1conn_t *c = t->data;
+  int mode = c->timer_mode;
+  c->timer_mode = TIMER_NONE;
+
+  switch (mode) {
+  case TIMER_HEADER:
+    /* The header block did not complete in time (slowloris). */
+    if (c->req == NULL && !c->err_writing)
+      conn_fail(c, 408, OSR_ETIMEDOUT);
+    break;
+  case TIMER_LINGER:
+    conn_close(c, 0);
+    break;
+  case TIMER_DEFER: {
+    /* An empty write: complete it as if the socket had written it. */
+    h1req_t *r = c->req;
+    if (r == NULL || !r->deferred_empty)
+      break;
+    r->deferred_empty = 0;
+    r->write_inflight = 0;
+    if (r->end_queued)
+      r->resp_done = 1;
+    osr_http_write_cb cb = r->wcb;
+    r->wcb = NULL;
+    if (cb != NULL)
+      cb(&r->pub, 0, r->warg);
+    if (c->req == r && r->resp_done && sock_usable(c))
+      exchange_done(c);
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+static void timer_set(h1conn_t *c, int mode, uint64_t ms)
+{
+  c->timer_mode = mode;
+  uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+  h1conn_t *c = h->data;
+  osr__h1p_dispose(&c->p);
+  osr_free(c);
+}
+
+/* The socket is gone or handed over: free the connection once its timer
+ * handle is closed. */
+static void conn_release(h1conn_t *c)
+{
+  c->sock = NULL;
+  uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+/* ---- socket events ------------------------------------------------------- */
+
+static void on_sock_read(osr_sock_t *s, int status);
+static void on_sock_close(osr_sock_t *s);
+static void on_sock_timeout(osr_sock_t *s);
+static void on_sock_drain(osr_sock_t *s);
+
+static const osr_sock_events_t sock_events = {
+  .on_read = on_sock_read,
+  .on_close = on_sock_close,
+  .on_timeout = on_sock_timeout,
+  .on_drain = on_sock_drain,
+};
+
+static void on_sock_close(osr_sock_t *s)
+{
+  h1conn_t *c = s->data;
+  c->closing = 1;
+  if (c->req != NULL)
+    fail_req(c, c->close_status != 0 ? c->close_status : OSR_ECONNRESET);
+  conn_release(c);
+}
+
+static void on_sock_timeout(osr_sock_t *s)
+{
+  h1conn_t *c = s->data;
+  h1req_t *r = c->req;
+
+  if (r == NULL) {
+    conn_close(c, 0); /* keep-alive idle, or a client that never spoke */
+    return;
+  }
+  /* Nothing moved for idle_timeout_ms. If we wait for the client (a write
+   * it does not read, or a body it does not send), give up; if we wait for
+   * the handler (it holds the body or has not answered yet), that is the
+   * handler's business: keep waiting. */
+  if (r->write_inflight || (!r->body_complete && !r->held)) {
+    OSR_LOG_DEBUG(MOD, "%s: idle timeout mid-request", c->peer);
+    conn_close(c, OSR_ETIMEDOUT);
+    return;
+  }
+  osr_sock_set_idle_timeout(s, c->opts->limits.idle_timeout_ms);
+}
+
+static void on_sock_drain(osr_sock_t *s)
+{
+  h1conn_t *c = s->data;
+  c->draining = 1;
+  /* Idle connections close now; a busy one finishes its response (which
+   * then says Connection: close) and closes in exchange_done(). */
+  if (c->req == NULL && !c->err_writing && !c->lingering)
+    conn_close(c, 0);
+}
+
+static void on_sock_read(osr_sock_t *s, int status)
+{
+  h1conn_t *c = s->data;
+
+  if (c->closing)
+    return;
+  if (c->lingering) {
+    c->linger_bytes += s->input.len;
+    osr_buf_consume(&s->input, s->input.len);
+    if (status < 0 || c->linger_bytes > LINGER_MAX_BYTES)
+      conn_close(c, 0);
+    return;
+  }
+  if (status < 0) {
+    h1req_t *r = c->req;
+    if (status == OSR_ETOOLARGE && r == NULL) {
+      /* The input cap was reached without a complete head. */
+      conn_fail(c, 431, OSR_ETOOLARGE);
+      return;
+    }
+    c->peer_eof = 1;
+    if (c->err_writing)
+      return; /* on_err_written closes */
+    if (r != NULL && (r->body_complete || status == OSR_ETOOLARGE)) {
+      /* The client half-closed after a complete request (or we stopped
+       * reading a pipelined backlog): answer, then close. */
+      if (status != OSR_EOF && status != OSR_ETOOLARGE)
+        conn_close(c, status);
+      return;
+    }
+    /* Truncated request or body: nothing to answer. */
+    conn_close(c, r != NULL ? (status == OSR_EOF ? OSR_ECONNRESET : status) : 0);
+    return;
+  }
+  process_input(c);
+}
+
+/* ---- parser events --------------------------------------------------------- */
+
+static int on_msg_begin(osr_h1p_t *p)
+{
+  h1conn_t *c = p->data;
+  /* The whole head has to arrive within header_timeout_ms of its first
+   * byte; the socket's idle timer alone would be reset by every dribbled
+   * byte. */
+  timer_set(c, TIMER_HEADER, c->opts->limits.header_timeout_ms);
+  return 0;
+}
+
+static void split_target(osr_http_req_t *q)
+{
+  const char *qm = memchr(q->target.base, '?', q->target.len);
+  if (qm == NULL) {
+    q->path = q->target;
+    q->query = osr_iov(q->target.base + q->target.len, 0);
+  } else {
+    size_t n = (size_t)(qm - q->target.base);
+    q->path = osr_iov(q->target.base, n);
+    q->query = osr_iov(qm + 1, q->target.len - n - 1);
+  }
+}
+
+/* Copy the head into one allocation: the request, its header array, then
+ * the strings. Sizes are bounded by the parser's caps. */
+static h1req_t *new_req(h1conn_t *c, const osr_h1p_t *p)
+{
+  size_t strings = p->target.len;
+  for (size_t i = 0; i < p->num_headers; i++)
+    strings += p->headers[i].name.len + p->headers[i].value.len;
+  size_t hdr_bytes = p->num_headers * sizeof(osr_http_header_t);
+  h1req_t *r = osr_try_malloc(sizeof(*r) + hdr_bytes + strings + 1);
+  if (r == NULL)
+    return NULL;
+  memset(r, 0, sizeof(*r));
+  osr_http_header_t *hdrs = (osr_http_header_t *)(void *)(r + 1);
+  char *str = (char *)hdrs + hdr_bytes;
+
+  osr_http_req_t *q = &r->pub;
+  q->version = p->version;
+  q->method = osr_iov(llhttp_method_name((llhttp_method_t)p->method),
+                      strlen(llhttp_method_name((llhttp_method_t)p->method)));
+  memcpy(str, p->target.base, p->target.len);
+  q->target = osr_iov(str, p->target.len);
+  str += p->target.len;
+  split_target(q);
+  for (size_t i = 0; i < p->num_headers; i++) {
+    const osr_http_header_t *h = &p->headers[i];
+    memcpy(str, h->name.base, h->name.len);
+    hdrs[i].name = osr_iov(str, h->name.len);
+    str += h->name.len;
+    memcpy(str, h->value.base, h->value.len);
+    hdrs[i].value = osr_iov(str, h->value.len);
+    str += h->value.len;
+    if (h->name.len == 4 && memcmp(hdrs[i].name.base, "host", 4) == 0)
+      q->authority = hdrs[i].value;
+  }
+  q->headers = hdrs;
+  q->num_headers = p->num_headers;
+  q->content_length = p->content_length;
+  q->expect_body = p->chunked || p->content_length > 0;
+  q->is_tls = osr_sock_is_tls(c->sock);
+  q->scheme = q->is_tls ? osr_iov("https", 5) : osr_iov("http", 4);
+  memcpy(q->peer, c->peer, sizeof(q->peer));
+  q->sock = c->sock;
+  q->server = c->srv;
+  r->conn = c;
+  r->is_head = p->method == HTTP_HEAD;
+  r->resp_cl = -1;
+  /* CONNECT and Upgrade requests are followed by non-HTTP bytes: unless the
+   * handler upgrades, the connection ends with this exchange. */
+  r->req_keep_alive = p->keep_alive && !p->upgrade;
+  return r;
+}
+
+extern const osr_http_req_ops_t osr__http1_req_ops;
+
+static int on_msg_head(osr_h1p_t *p)
+{
+  h1conn_t *c = p->data;
+
+  uv_timer_stop(&c->timer);
+  c->timer_mode = TIMER_NONE;
+  h1req_t *r = new_req(c, p);
+  if (r == NULL) {
+    p->status = 503;
+    p->err = OSR_ENOMEM;
+    return -1;
+  }
+  r->pub._ops = &osr__http1_req_ops;
+  const osr_iovec_t *expect = osr_http_req_header(&r->pub, "expect");
+  if (expect != NULL && p->version == 11 && r->pub.expect_body && expect->len == 12 &&
+      strncasecmp(expect->base, "100-continue", 12) == 0)
+    r->expect_100 = 1;
+  c->req = r;
+
+  c->opts->handler.on_request(&r->pub, c->opts->data);
+
+  if (!sock_usable(c))
+    return -1; /* aborted from on_request: stop parsing, on_close cleans up */
+  /* Expect: 100-continue: a handler that has not answered yet wants the
+   * body (or will decide later), so let the client send it. One that
+   * answered already (401, 413, ...) never gets it; see respond(). */
+  if (r->expect_100 && !r->pub._responded) {
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    osr_iovec_t iov = OSR_IOV_LIT(cont);
+    r->expect_100 = 0;
+    if (osr_sock_write(c->sock, &iov, 1, NULL, NULL) != 0) {
+      conn_close(c, OSR_ECONNRESET);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int on_msg_body(osr_h1p_t *p, const char *at, size_t len)
+{
+  h1conn_t *c = p->data;
+  h1req_t *r = c->req;
+  if (r == NULL || r->pub.on_body == NULL)
+    return 0; /* read and discarded */
+  osr_iovec_t chunk = osr_iov(at, len);
+  r->in_body_cb = 1;
+  r->pub.on_body(&r->pub, &chunk, 0);
+  r->in_body_cb = 0;
+  if (!sock_usable(c))
+    return -1;
+  return r->held ? 1 : 0;
+}
+
+static int on_msg_complete(osr_h1p_t *p)
+{
+  h1conn_t *c = p->data;
+  h1req_t *r = c->req;
+  if (r == NULL)
+    return 0;
+  r->body_complete = 1;
+  r->body_final = 1;
+  if (r->pub.on_body != NULL)
+    r->pub.on_body(&r->pub, &EMPTY_CHUNK, OSR_EOF);
+  return 0;
+}
+
+static const osr_h1p_events_t parser_events = {
+  .on_begin = on_msg_begin,
+  .on_head = on_msg_head,
+  .on_body = on_msg_body,
+  .on_complete = on_msg_complete,
+};
+
+/* ---- input processing ------------------------------------------------------ */
+
+static void handoff_h2(h1conn_t *c)
+{
+  osr_sock_t *s = c->sock;
+  OSR_LOG_DEBUG(MOD, "%s: h2c prior knowledge", c->peer);
+  uv_timer_stop(&c->timer);
+  osr_sock_set_idle_timeout(s, 0);
+  osr_sock_set_events(s, NULL, NULL);
+  conn_release(c);
+  /* The preface stays in s->input for the HTTP/2 session to parse. */
+  osr__http2_server_start(c->srv, s);
+}
+
+static void process_input(h1conn_t *c)
+{
+  while (sock_usable(c) && !c->lingering && !c->err_writing) {
+    osr_sock_t *s = c->sock;
+    h1req_t *r = c->req;
+
+    if (r != NULL && (r->held || r->body_complete)) {
+      /* Wait for the handler (held body) or for the response to finish
+       * before parsing further: backpressure on pipelined input. */
+      osr_sock_read_stop(s);
+      return;
+    }
+    if (s->input.len == 0)
+      return;
+    if (c->sniff) {
+      size_t n = s->input.len < H2_PREFACE_LEN ? s->input.len : H2_PREFACE_LEN;
+      if (memcmp(osr_buf_data(&s->input), H2_PREFACE, n) != 0) {
+        c->sniff = 0;
+      } else if (n < H2_PREFACE_LEN) {
+        return; /* a prefix of the preface: wait for more */
+      } else {
+        handoff_h2(c);
+        return;
+      }
+    }
+
+    size_t consumed = 0;
+    int rc = osr__h1p_execute(&c->p, osr_buf_data(&s->input), s->input.len, &consumed);
+    if (!sock_usable(c))
+      return; /* the handler aborted from a callback */
+    osr_buf_consume(&s->input, consumed);
+    if (rc < 0) {
+      conn_fail(c, c->p.status != 0 ? c->p.status : 400, rc);
+      return;
+    }
+    if (rc == OSR_H1P_HELD) {
+      osr_sock_read_stop(s);
+      return;
+    }
+    if (rc == OSR_H1P_MESSAGE) {
+      if (c->req != NULL && c->req->resp_done)
+        exchange_done(c);
+      continue;
+    }
+    /* OSR_H1P_DONE: everything consumed, wait for more. */
+    if (c->peer_eof) {
+      /* ... which will never come: a truncated request. */
+      conn_close(c, c->req != NULL ? OSR_ECONNRESET : 0);
+      return;
+    }
+  }
+}
+
+/* Both halves of the exchange may be over: finish it and go on with the
+ * next request, or close. Called only from top-level callbacks. */
+static void exchange_done(h1conn_t *c)
+{
+  h1req_t *r = c->req;
+  if (r == NULL || !r->resp_done || !sock_usable(c))
+    return;
+
+  if (r->upgrading) {
+    osr_sock_t *s = c->sock;
+    osr_http_upgrade_cb cb = r->ucb;
+    void *arg = r->uarg;
+    c->req = NULL;
+    osr_sock_read_stop(s);
+    uv_timer_stop(&c->timer);
+    osr_sock_set_idle_timeout(s, 0);
+    osr_sock_set_events(s, NULL, NULL);
+    conn_release(c);
+    osr__http_req_done(&r->pub, 0);
+    free_req(r);
+    /* Bytes the client sent after the request are still in s->input. */
+    cb(s, 0, arg);
+    return;
+  }
+
+  /* A client that half-closed after pipelining still gets answers to what
+   * it sent; the connection ends when nothing is left to parse. */
+  int keep = r->keep_alive && !c->draining;
+  if (c->peer_eof && c->sock->input.len == 0)
+    keep = 0;
+  if (!r->body_complete) {
+    /* The response is out but the request body is not all in. A handler
+     * that still reads it gets it; otherwise (discarded body, or a client
+     * still waiting for 100 Continue) do not wait for a body that may never
+     * come: end the exchange and close. */
+    if (r->pub.on_body != NULL && !r->expect_100)
+      return;
+    keep = 0;
+  }
+  c->req = NULL;
+  body_final(r, OSR_ECANCELED);
+  osr__http_req_done(&r->pub, 0);
+  free_req(r);
+  if (!sock_usable(c))
+    return;
+  if (!keep) {
+    linger_close(c);
+    return;
+  }
+  /* Next request: buffered pipelined bytes are delivered on the next loop
+   * turn (never re-entrantly from here). */
+  osr_sock_set_idle_timeout(c->sock, c->opts->limits.idle_timeout_ms);
+  osr_sock_read_start(c->sock);
+}
+
+/* ---- request ops ------------------------------------------------------------- */
+
+static int has_crlf(osr_iovec_t v)
+{
+  for (size_t i = 0; i < v.len; i++) {
+    if (v.base[i] == '\r' || v.base[i] == '\n' || v.base[i] == '\0')
+      return 1;
+  }
+  return 0;
+}
+
+static int name_is(osr_iovec_t n, const char *s)
+{
+  size_t l = strlen(s);
+  return n.len == l && strncasecmp(n.base, s, l) == 0;
+}
+
+/* Format the status line and headers into r->head. */
+static int format_head(h1req_t *r, int status, const osr_http_header_t *h, size_t n,
+                       int framing)
+{
+  h1conn_t *c = r->conn;
+  size_t need = 256;
+  for (size_t i = 0; i < n; i++) {
+    if (h[i].name.len == 0 || has_crlf(h[i].name) || has_crlf(h[i].value))
+      return OSR_EINVAL; /* no response splitting */
+    need += h[i].name.len + h[i].value.len + 4;
+  }
+  if (c->opts->server_name != NULL)
+    need += strlen(c->opts->server_name) + 12;
+  osr_buf_init(&r->head, need + 128);
+
+  int rv = osr_buf_appendf(&r->head, "HTTP/1.1 %d %s\r\n", status, osr_http_reason(status));
+  for (size_t i = 0; rv == 0 && i < n; i++) {
+    /* Framing headers are ours to write (see http.h). */
+    if (framing && (name_is(h[i].name, "content-length") ||
+                    name_is(h[i].name, "transfer-encoding") || name_is(h[i].name, "connection")))
+      continue;
+    rv = osr_buf_appendf(&r->head, "%.*s: %.*s\r\n", (int)h[i].name.len, h[i].name.base,
+                         (int)h[i].value.len, h[i].value.base);
+  }
+  if (rv == 0)
+    rv = osr_buf_appendf(&r->head, "date: %s\r\n", http_date());
+  if (rv == 0 && c->opts->server_name != NULL)
+    rv = osr_buf_appendf(&r->head, "server: %s\r\n", c->opts->server_name);
+  if (rv != 0)
+    osr_buf_dispose(&r->head);
+  return rv;
+}
+
+static int h1_respond(osr_http_req_t *req, int status, const osr_http_header_t *h, size_t n,
+                      int64_t content_length)
+{
+  h1req_t *r = (h1req_t *)req;
+  h1conn_t *c = r->conn;
+
+  if (!sock_usable(c) || r->upgrading || c->req != r)
+    return OSR_ECLOSED;
+  if (status < 200)
+    return OSR_EINVAL; /* 100 is ours, 101 goes through osr_http_upgrade */
+
+  r->no_body = r->is_head || status == 204 || status == 304;
+  r->keep_alive = r->req_keep_alive && !c->draining;
+  if (r->expect_100 && !r->body_complete) {
+    /* Answered before the client was told to send its body: it may never
+     * send it, so the connection cannot carry another request. */
+    r->keep_alive = 0;
+  }
+  if (status == 204)
+    content_length = r->is_head ? -1 : 0;
+  r->chunked = 0;
+  if (content_length < 0 && !r->no_body) {
+    if (req->version >= 11)
+      r->chunked = 1;
+    else
+      r->keep_alive = 0; /* HTTP/1.0: the body ends with the connection */
+  }
+
+  int rv = format_head(r, status, h, n, 1);
+  if (rv != 0)
+    return rv;
+  if (status != 204 && status != 304 && content_length >= 0)
+    rv = osr_buf_appendf(&r->head, "content-length: %lld\r\n", (long long)content_length);
+  else if (r->chunked)
+    rv = osr_buf_appendf(&r->head, "transfer-encoding: chunked\r\n");
+  if (rv == 0 && !r->keep_alive)
+    rv = osr_buf_appendf(&r->head, "connection: close\r\n");
+  else if (rv == 0 && req->version == 10)
+    rv = osr_buf_appendf(&r->head, "connection: keep-alive\r\n");
+  if (rv == 0)
+    rv = osr_buf_append(&r->head, "\r\n", 2);
+  if (rv != 0) {
+    osr_buf_dispose(&r->head);
+    return rv;
+  }
+  r->resp_cl = r->no_body ? 0 : content_length;
+  r->head_pending = 1;
+  return 0;
+}
+
+static void on_resp_written(osr_sock_t *s, int status, void *arg)
+{
+  h1req_t *r = arg;
+  h1conn_t *c = r->conn;
+  (void)s;
+
+  r->write_inflight = 0;
+  osr_freep(&r->iov_heap);
+  osr_buf_dispose(&r->head); /* only the first write carries it */
+  if (status == 0 && r->end_queued)
+    r->resp_done = 1;
+  osr_http_write_cb cb = r->wcb;
+  r->wcb = NULL;
+  if (cb != NULL)
+    cb(&r->pub, status, r->warg);
+  if (status != 0) {
+    conn_close(c, status);
+    return;
+  }
+  if (c->req == r && r->resp_done)
+    exchange_done(c);
+}
+
+static int h1_write(osr_http_req_t *req, const osr_iovec_t *bufs, size_t nbufs, int end,
+                    osr_http_write_cb cb, void *arg)
+{
+  h1req_t *r = (h1req_t *)req;
+  h1conn_t *c = r->conn;
+
+  if (!sock_usable(c) || c->req != r)
+    return OSR_ECLOSED;
+  if (r->write_inflight)
+    return OSR_EBUSY;
+  if (r->end_queued || r->upgrading)
+    return OSR_EINVAL;
+
+  uint64_t total = 0;
+  for (size_t i = 0; i < nbufs; i++)
+    total += bufs[i].len;
+  if (r->no_body) {
+    total = 0;
+    nbufs = 0;
+  } else if (r->resp_cl >= 0) {
+    if (r->resp_written + total > (uint64_t)r->resp_cl)
+      return OSR_EINVAL;
+    if (end && r->resp_written + total < (uint64_t)r->resp_cl) {
+      /* Ended short of its Content-Length: the client would wait for the
+       * rest, so the connection must end with the response. */
+      r->keep_alive = 0;
+    }
+  }
+
+  size_t need = nbufs + 4;
+  osr_iovec_t *iov = r->iov_inline;
+  if (need > INLINE_IOVS) {
+    r->iov_heap = osr_try_malloc(need * sizeof(*iov));
+    if (r->iov_heap == NULL)
+      return OSR_ENOMEM;
+    iov = r->iov_heap;
+  }
+  size_t k = 0;
+  if (r->head_pending)
+    iov[k++] = osr_iov(osr_buf_data(&r->head), r->head.len);
+  if (r->chunked && total > 0) {
+    int n = snprintf(r->chunk_line, sizeof(r->chunk_line), "%llx\r\n", (unsigned long long)total);
+    iov[k++] = osr_iov(r->chunk_line, (size_t)n);
+  }
+  for (size_t i = 0; i < nbufs; i++) {
+    if (bufs[i].len != 0)
+      iov[k++] = bufs[i];
+  }
+  if (r->chunked) {
+    if (total > 0 && end)
+      iov[k++] = OSR_IOV_LIT("\r\n0\r\n\r\n");
+    else if (total > 0)
+      iov[k++] = OSR_IOV_LIT("\r\n");
+    else if (end)
+      iov[k++] = OSR_IOV_LIT("0\r\n\r\n");
+  }
+
+  r->wcb = cb;
+  r->warg = arg;
+  r->write_inflight = 1;
+  if (k == 0) {
+    /* Nothing to send (e.g. the end of a HEAD response whose head already
+     * went out): complete on the next loop turn, never from inside the
+     * caller. */
+    r->deferred_empty = 1;
+    r->end_queued = end;
+    timer_set(c, TIMER_DEFER, 0);
+    return 0;
+  }
+  int rv = osr_sock_write(c->sock, iov, k, on_resp_written, r);
+  if (rv != 0) {
+    r->write_inflight = 0;
+    r->wcb = NULL;
+    osr_freep(&r->iov_heap);
+    return rv;
+  }
+  r->head_pending = 0;
+  r->end_queued = end;
+  r->resp_written += total;
+  return 0;
+}
+
+static void h1_hold(osr_http_req_t *req)
+{
+  h1req_t *r = (h1req_t *)req;
+  if (r->body_complete || r->held)
+    return;
+  r->held = 1;
+  if (sock_usable(r->conn))
+    osr_sock_read_stop(r->conn->sock);
+}
+
+static void h1_release(osr_http_req_t *req)
+{
+  h1req_t *r = (h1req_t *)req;
+  h1conn_t *c = r->conn;
+  if (!r->held)
+    return;
+  r->held = 0;
+  if (r->in_body_cb || !sock_usable(c) || c->req != r)
+    return; /* released before the parser even paused, or being finished */
+  /* The held chunk was left at the front of sock->input. */
+  osr_buf_consume(&c->sock->input, c->p.held_len);
+  c->p.held_len = 0;
+  /* The rest is delivered from the next loop turn, not from inside the
+   * caller (who may be in a write callback of its own). */
+  osr_sock_read_start(c->sock);
+}
+
+static void h1_abort(osr_http_req_t *req)
+{
+  h1req_t *r = (h1req_t *)req;
+  /* A request that is no longer current is already being finished (its
+   * on_body/on_done are running): nothing left to abort. */
+  if (r->conn->req != r)
+    return;
+  conn_close(r->conn, OSR_ECANCELED);
+}
+
+static int h1_upgrade(osr_http_req_t *req, const osr_http_header_t *h, size_t n,
+                      osr_http_upgrade_cb cb, void *arg)
+{
+  h1req_t *r = (h1req_t *)req;
+  h1conn_t *c = r->conn;
+
+  if (!sock_usable(c) || c->req != r)
+    return OSR_ECLOSED;
+  if (req->expect_body || cb == NULL)
+    return OSR_EINVAL;
+  int rv = format_head(r, 101, h, n, 0);
+  if (rv == 0)
+    rv = osr_buf_append(&r->head, "\r\n", 2);
+  if (rv != 0) {
+    osr_buf_dispose(&r->head);
+    return rv;
+  }
+  osr_iovec_t iov = osr_iov(osr_buf_data(&r->head), r->head.len);
+  r->wcb = NULL;
+  r->write_inflight = 1;
+  r->end_queued = 1;
+  rv = osr_sock_write(c->sock, &iov, 1, on_resp_written, r);
+  if (rv != 0) {
+    r->write_inflight = 0;
+    r->end_queued = 0;
+    osr_buf_dispose(&r->head);
+    return rv;
+  }
+  r->upgrading = 1;
+  r->ucb = cb;
+  r->uarg = arg;
+  return 0;
+}
+
+const osr_http_req_ops_t osr__http1_req_ops = {
+  .respond = h1_respond,
+  .write = h1_write,
+  .hold = h1_hold,
+  .release = h1_release,
+  .abort = h1_abort,
+  .upgrade = h1_upgrade,
+};
+
+/* ---- entry point ------------------------------------------------------------- */
+
+void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s)
+{
+  h1conn_t *c = osr_xcalloc(1, sizeof(*c));
+  c->srv = srv;
+  c->opts = osr__http_server_opts(srv);
+  c->sock = s;
+  c->sniff = !osr_sock_is_tls(s);
+  if (osr_sock_peername(s, c->peer, sizeof(c->peer)) != 0)
+    snprintf(c->peer, sizeof(c->peer), "unknown");
+  osr__h1p_init(&c->p, 1, &c->opts->limits, c->opts->limits.max_body, &parser_events, c);
+  uv_timer_init(s->loop, &c->timer);
+  c->timer.data = c;
+
+  osr_sock_set_events(s, &sock_events, c);
+  osr_sock_set_nodelay(s, 1);
+  osr_sock_set_idle_timeout(s, c->opts->limits.idle_timeout_ms);
+  if (osr_sock_read_start(s) != 0)
+    conn_close(c, 0);
+}
