@@ -146,6 +146,17 @@ struct osr_ws_s {
   int open_failed;     /* client: on_open reported an error; no on_close */
   int closed_reported;
   int close_pending;   /* server: osr_ws_close before the upgrade finished */
+  /* Our close frame waits until the messages queued before it are out:
+   * wslay sends control frames ahead of queued data, and nothing after a
+   * close, so queueing it at once would drop them. */
+  int close_wanted;
+  uint16_t close_code;
+  char close_reason[MAX_REASON];
+  size_t close_reason_len;
+  /* The peer's close frame is next but our output queue is not empty: hold
+   * it back so wslay's automatic echo does not overtake (and drop) replies
+   * to the messages before it. */
+  int close_hold;
 
   /* client */
   osr_connect_t *creq;
@@ -608,9 +619,11 @@ static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, in
 
   if (ws->in != NULL && ws->in->len != 0 && can_read(ws)) {
     /* Over the output cap: stop here until the peer reads (STYLE 14). */
+    ws->close_hold = ws->scan.st == SCAN_B0 && (osr_buf_data(ws->in)[0] & 0x0f) == 0x8 &&
+                     wslay_event_get_queued_msg_count(ctx) != 0;
     if (queued_bytes(ws) > ws->opts.max_queued) {
       ws->queue_paused = 1;
-    } else {
+    } else if (!ws->close_hold) {
       size_t n = ws->in->len < len ? ws->in->len : len;
       int err = 0;
       n = scan_frames(&ws->scan, (const uint8_t *)osr_buf_data(ws->in), n, &err);
@@ -870,6 +883,16 @@ static void mem_drain(osr_ws_t *ws)
 
 static void on_write(osr_sock_t *s, int status, void *arg);
 
+static void queue_close_if_drained(osr_ws_t *ws)
+{
+  if (!ws->close_wanted || wslay_event_get_queued_msg_count(ws->ctx) != 0)
+    return;
+  ws->close_wanted = 0;
+  /* NO_MORE_MSG: the peer's close came first and wslay echoed that one. */
+  (void)wslay_event_queue_close(ws->ctx, ws->close_code, (const uint8_t *)ws->close_reason,
+                                ws->close_reason_len);
+}
+
 /* Move frames from wslay through `out` to the socket. */
 static void flush(osr_ws_t *ws)
 {
@@ -881,6 +904,13 @@ static void flush(osr_ws_t *ws)
         OSR_LOG_DEBUG("ws", "%p wslay_event_send failed", (void *)ws);
         finish(ws);
         return;
+      }
+      if (ws->close_wanted) {
+        queue_close_if_drained(ws);
+        if (!ws->close_wanted && wslay_event_send(ws->ctx) != 0) {
+          finish(ws);
+          return;
+        }
       }
     }
     if (ws->writing || ws->out.len == 0)
@@ -939,6 +969,12 @@ static void on_write(osr_sock_t *s, int status, void *arg)
     return;
   }
   flush(ws);
+  if (ws->close_hold && wslay_event_get_queued_msg_count(ws->ctx) == 0) {
+    ws->close_hold = 0;
+    process(ws);
+  }
+  if (ws->state == WS_FINISHING)
+    return;
   if (!ws->writing && ws->out.len == 0) {
     /* Idle: give the buffers back rather than keep 2 x OUT_CHUNK per
      * quiet connection. */
@@ -1010,22 +1046,31 @@ static void process(osr_ws_t *ws)
     /* Waiting for our close to go out: nothing more will be parsed. */
     osr_buf_consume(ws->in, ws->in->len);
   }
-  ws->in_recv++;
-  while (ws->in->len != 0 && can_read(ws) && wslay_event_get_read_enabled(ws->ctx)) {
-    size_t before = ws->in->len;
-    int rv = wslay_event_recv(ws->ctx);
-    if (rv != 0 && rv != WSLAY_ERR_CALLBACK_FAILURE) {
-      ws->in_recv--;
-      finish(ws); /* WSLAY_ERR_NOMEM */
-      return;
+  for (int pass = 0; pass < 4; pass++) {
+    ws->in_recv++;
+    while (ws->in != NULL && ws->in->len != 0 && can_read(ws) &&
+           wslay_event_get_read_enabled(ws->ctx)) {
+      size_t before = ws->in->len;
+      int rv = wslay_event_recv(ws->ctx);
+      if (rv != 0 && rv != WSLAY_ERR_CALLBACK_FAILURE) {
+        ws->in_recv--;
+        finish(ws); /* WSLAY_ERR_NOMEM */
+        return;
+      }
+      if (ws->in->len == before)
+        break;
     }
-    if (ws->in->len == before)
+    ws->in_recv--;
+    if (ws->scan_err)
+      fail_proto(ws, WSLAY_CODE_PROTOCOL_ERROR, "framing error");
+    flush(ws);
+    if (ws->state >= WS_LINGER || ws->in == NULL)
+      return;
+    /* A held close can go once our queue was handed to the socket. */
+    if (!ws->close_hold || wslay_event_get_queued_msg_count(ws->ctx) != 0)
       break;
+    ws->close_hold = 0;
   }
-  ws->in_recv--;
-  if (ws->scan_err)
-    fail_proto(ws, WSLAY_CODE_PROTOCOL_ERROR, "framing error");
-  flush(ws);
   update_reading(ws);
 }
 
@@ -1488,16 +1533,13 @@ void osr_ws_close(osr_ws_t *ws, int code, const char *reason)
     fail_open(ws, OSR_ECANCELED);
     return;
   case WS_UPGRADING:
-    /* The 101 is on its way; close as soon as we own the socket. */
-    ws->close_pending = 1;
-    (void)wslay_event_queue_close(ws->ctx, code_is_sendable(code) ? (uint16_t)code : 1000, NULL,
-                                  0);
-    return;
   case WS_OPEN:
     break;
   default:
     return;
   }
+  if (ws->close_wanted)
+    return;
   if (!code_is_sendable(code))
     code = WSLAY_CODE_NORMAL_CLOSURE;
   size_t rlen = reason != NULL ? strlen(reason) : 0;
@@ -1506,7 +1548,15 @@ void osr_ws_close(osr_ws_t *ws, int code, const char *reason)
   /* Cut at a character boundary; an invalid reason is dropped. */
   while (rlen > 0 && !osr__ws_utf8_valid(reason, rlen))
     rlen--;
-  (void)wslay_event_queue_close(ws->ctx, (uint16_t)code, (const uint8_t *)reason, rlen);
+  ws->close_wanted = 1;
+  ws->close_code = (uint16_t)code;
+  if (rlen != 0)
+    memcpy(ws->close_reason, reason, rlen);
+  ws->close_reason_len = rlen;
+  if (ws->state == WS_UPGRADING) {
+    ws->close_pending = 1; /* the 101 is on its way: close once we own the socket */
+    return;
+  }
   start_closing(ws);
   flush(ws);
 }

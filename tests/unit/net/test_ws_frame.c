@@ -632,6 +632,27 @@ static void test_pair_ping_flood(void **state)
   pair_close_loop(&p);
 }
 
+/* A close right after a large send must not overtake it (wslay sends
+ * control frames first and nothing after a close). */
+static void test_pair_close_after_send(void **state)
+{
+  (void)state;
+  static unsigned char big[2 * 1024 * 1024];
+  pair_t p;
+  pair_open(&p, NULL, NULL);
+  assert_int_equal(osr_ws_send(p.srv, OSR_WS_BINARY, big, sizeof(big)), 0);
+  assert_int_equal(osr_ws_send(p.srv, OSR_WS_TEXT, "last", 4), 0);
+  osr_ws_close(p.srv, 4005, "after");
+  assert_int_equal(osr_ws_send(p.srv, OSR_WS_TEXT, "x", 1), OSR_ECLOSED);
+  RUN_UNTIL(&p, p.rs.closed && p.rc.closed);
+  assert_int_equal(p.rc.nmsg, 2);
+  assert_int_equal(p.rc.total, sizeof(big) + 4);
+  assert_memory_equal(p.rc.last, "last", 4);
+  assert_int_equal(p.rc.close_code, 4005);
+  assert_string_equal(p.rc.reason, "after");
+  pair_close_loop(&p);
+}
+
 /* The peer vanishes without a close frame: 1006. */
 static void test_pair_abrupt(void **state)
 {
@@ -663,6 +684,7 @@ int main(void)
       cmocka_unit_test(test_pair_echo_and_close),
       cmocka_unit_test(test_pair_backpressure),
       cmocka_unit_test(test_pair_ping_flood),
+      cmocka_unit_test(test_pair_close_after_send),
       cmocka_unit_test(test_pair_abrupt),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
