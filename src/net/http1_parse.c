@@ -48,6 +48,14 @@ static int is_tchar(unsigned char c)
   return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
+/* Start of the collected head; never NULL (arithmetic on a NULL base is
+ * undefined even with a zero offset). */
+static char *head_base(osr_h1p_t *p)
+{
+  static char empty[1];
+  return p->head.base != NULL ? osr_buf_data(&p->head) : empty;
+}
+
 static int append(osr_h1p_t *p, const char *at, size_t len, int lower)
 {
   osr_iovec_t tail;
@@ -135,6 +143,7 @@ static int cb_header_field(llhttp_t *ll, const char *at, size_t len)
   if (p->_in_value) {
     /* A new field begins. */
     p->_in_value = 0;
+    p->_field_bytes = 0;
     if (++p->_nfields > p->_max_headers)
       return fail(p, 431, OSR_ETOOLARGE);
     if (!p->_in_trailers) {
@@ -159,6 +168,7 @@ static int cb_header_field(llhttp_t *ll, const char *at, size_t len)
     if (!is_tchar((unsigned char)at[i]))
       return fail(p, 400, OSR_EHTTP);
   }
+  p->_field_bytes += len;
   if (count_header_bytes(p, len) != 0)
     return fail(p, 431, OSR_ETOOLARGE);
   if (p->_in_trailers)
@@ -166,6 +176,16 @@ static int cb_header_field(llhttp_t *ll, const char *at, size_t len)
   if (append(p, at, len, 1) != 0)
     return fail(p, 431, OSR_ETOOLARGE);
   p->_spans[p->_nspans - 1].name_len += (uint32_t)len;
+  return 0;
+}
+
+static int cb_header_field_complete(llhttp_t *ll)
+{
+  osr_h1p_t *p = from_ll(ll);
+  /* llhttp (non-strict) accepts a line starting with ':' as a field with an
+   * empty name; a field name is a token of at least one character. */
+  if (p->_in_value || p->_field_bytes == 0)
+    return fail(p, 400, OSR_EHTTP);
   return 0;
 }
 
@@ -203,7 +223,7 @@ static int cb_header_value_complete(llhttp_t *ll)
     return 0;
   /* llhttp strips leading whitespace but keeps trailing OWS. */
   struct osr_h1p_span_s *sp = &p->_spans[p->_nspans - 1];
-  const char *v = osr_buf_data(&p->head) + sp->value_off;
+  const char *v = head_base(p) + sp->value_off;
   while (sp->value_len > 0 && (v[sp->value_len - 1] == ' ' || v[sp->value_len - 1] == '\t'))
     sp->value_len--;
   return 0;
@@ -219,7 +239,7 @@ static int iov_eq(osr_iovec_t v, const char *s)
 static int finish_head(osr_h1p_t *p)
 {
   llhttp_t *ll = &p->_ll;
-  char *base = osr_buf_data(&p->head);
+  char *base = head_base(p);
 
   if (ll->http_major != 1 || ll->http_minor > 1)
     return fail(p, 505, OSR_EHTTP);
@@ -358,6 +378,7 @@ static const llhttp_settings_t *settings(void)
     s.on_url = cb_url;
     s.on_status = cb_status;
     s.on_header_field = cb_header_field;
+    s.on_header_field_complete = cb_header_field_complete;
     s.on_header_value = cb_header_value;
     s.on_header_value_complete = cb_header_value_complete;
     s.on_headers_complete = cb_headers_complete;

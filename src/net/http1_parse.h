@@ -108,7 +108,7 @@ struct osr_h1p_s {
   size_t _hdrs_cap;
   size_t _max_url, _max_header_bytes, _max_headers;
   uint64_t _max_body;
-  size_t _url_len, _header_bytes, _nfields;
+  size_t _url_len, _header_bytes, _nfields, _field_bytes;
   size_t _ext_bytes;
   int _is_request;
   int _begun;               /* a message began and is not complete */

@@ -1,0 +1,318 @@
+/*
+ * Unit tests for the bounded HTTP/1.1 parser (src/net/http1_parse.c): the
+ * caps, the checks llhttp's non-strict build does not make, head copying,
+ * hold/resume and message boundaries, fed whole and byte by byte.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "net/http1_parse.h"
+
+typedef struct rec_s {
+  int heads, completes;
+  char body[4096];
+  size_t body_len;
+  int hold_every;  /* hold each n-th body callback (0: never) */
+  int body_calls;
+  int head_ret;
+  char first_target[256];
+  char first_host[64];
+  size_t first_nheaders;
+} rec_t;
+
+static int on_head(osr_h1p_t *p)
+{
+  rec_t *r = p->data;
+  if (r->heads++ == 0) {
+    snprintf(r->first_target, sizeof(r->first_target), "%.*s", (int)p->target.len,
+             p->target.base);
+    r->first_nheaders = p->num_headers;
+    for (size_t i = 0; i < p->num_headers; i++) {
+      if (p->headers[i].name.len == 4 && memcmp(p->headers[i].name.base, "host", 4) == 0)
+        snprintf(r->first_host, sizeof(r->first_host), "%.*s", (int)p->headers[i].value.len,
+                 p->headers[i].value.base);
+    }
+  }
+  return r->head_ret;
+}
+
+static int on_body(osr_h1p_t *p, const char *at, size_t len)
+{
+  rec_t *r = p->data;
+  assert_true(r->body_len + len <= sizeof(r->body));
+  memcpy(r->body + r->body_len, at, len);
+  r->body_len += len;
+  r->body_calls++;
+  return r->hold_every != 0 && r->body_calls % r->hold_every == 0 ? 1 : 0;
+}
+
+static int on_complete(osr_h1p_t *p)
+{
+  rec_t *r = p->data;
+  r->completes++;
+  return 0;
+}
+
+static const osr_h1p_events_t ev = {NULL, on_head, on_body, on_complete};
+
+static osr_http_limits_t limits(void)
+{
+  osr_http_limits_t l;
+  memset(&l, 0, sizeof(l));
+  l.max_url = 64;
+  l.max_header_bytes = 256;
+  l.max_headers = 8;
+  osr_http_limits_defaults(&l);
+  return l;
+}
+
+/* Feed `s` in steps of `step` bytes (0: all at once) the way a connection
+ * does: unconsumed bytes stay at the front of the buffer. Returns the last
+ * result (<0 on failure). */
+static int feed(osr_h1p_t *p, const char *s, size_t step)
+{
+  size_t n = strlen(s), pos = 0, avail = 0;
+  int rc = 0;
+  for (int guard = 0; guard < 100000; guard++) {
+    if (avail < n && (avail == pos || step != 0))
+      avail = step == 0 || avail + step > n ? n : avail + step;
+    size_t consumed = 0;
+    rc = osr__h1p_execute(p, s + pos, avail - pos, &consumed);
+    if (rc == OSR_H1P_HELD)
+      consumed += p->held_len;
+    pos += consumed;
+    if (rc < 0)
+      return rc;
+    if (pos == n && avail == n && rc == OSR_H1P_DONE)
+      return rc;
+  }
+  fail_msg("no progress");
+  return -1;
+}
+
+static int parse_req(rec_t *r, const char *s, size_t step, int *status)
+{
+  osr_http_limits_t l = limits();
+  osr_h1p_t p;
+  osr__h1p_init(&p, 1, &l, 100, &ev, r);
+  int rc = feed(&p, s, step);
+  *status = p.status;
+  osr__h1p_dispose(&p);
+  return rc;
+}
+
+static void expect_status(const char *s, int want)
+{
+  static const size_t steps[] = {0, 1, 3};
+  for (size_t i = 0; i < 3; i++) {
+    rec_t r;
+    memset(&r, 0, sizeof(r));
+    int status = 0;
+    int rc = parse_req(&r, s, steps[i], &status);
+    if (want == 0) {
+      assert_true(rc >= 0);
+    } else {
+      assert_true(rc < 0);
+      assert_int_equal(status, want);
+    }
+  }
+}
+
+static void test_valid_and_pipelined(void **state)
+{
+  (void)state;
+  static const size_t steps[] = {0, 1, 2, 7};
+  const char *s = "GET /a?b=c HTTP/1.1\r\nHost:  Example.COM  \r\nX-Mixed-Case: V\r\n\r\n"
+                  "POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
+                  "PUT /q HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  "3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nTrailer-X: 1\r\n\r\n";
+  for (size_t i = 0; i < 4; i++) {
+    rec_t r;
+    memset(&r, 0, sizeof(r));
+    r.hold_every = 2;
+    int st;
+    assert_int_equal(parse_req(&r, s, steps[i], &st), OSR_H1P_DONE);
+    assert_int_equal(r.heads, 3);
+    assert_int_equal(r.completes, 3);
+    assert_string_equal(r.first_target, "/a?b=c");
+    assert_string_equal(r.first_host, "Example.COM"); /* trimmed, case kept */
+    assert_int_equal(r.first_nheaders, 2);
+    assert_int_equal(r.body_len, 10);
+    assert_memory_equal(r.body, "helloabcde", 10);
+  }
+}
+
+static void test_header_names_lowercase(void **state)
+{
+  (void)state;
+  osr_http_limits_t l = limits();
+  osr_h1p_t p;
+  rec_t r;
+  memset(&r, 0, sizeof(r));
+  osr__h1p_init(&p, 1, &l, 0, &ev, &r);
+  const char *s = "GET / HTTP/1.1\r\nHOST: a\r\nX-Foo-BAR: Baz\r\n\r\n";
+  size_t c;
+  assert_int_equal(osr__h1p_execute(&p, s, strlen(s), &c), OSR_H1P_MESSAGE);
+  assert_int_equal(p.num_headers, 2);
+  assert_memory_equal(p.headers[1].name.base, "x-foo-bar", 9);
+  assert_memory_equal(p.headers[1].value.base, "Baz", 3);
+  assert_int_equal(p.version, 11);
+  assert_int_equal(p.content_length, -1);
+  assert_true(p.keep_alive);
+  osr__h1p_dispose(&p);
+}
+
+static void test_caps(void **state)
+{
+  (void)state;
+  char buf[1024];
+  snprintf(buf, sizeof(buf), "GET /%065d HTTP/1.1\r\nHost: a\r\n\r\n", 1);
+  expect_status(buf, 414);
+  snprintf(buf, sizeof(buf), "GET / HTTP/1.1\r\nHost: a\r\nX: %0300d\r\n\r\n", 1);
+  expect_status(buf, 431);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n"
+                "F: 1\r\nG: 1\r\nH: 1\r\n\r\n",
+                431);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\n"
+                "F: 1\r\nG: 1\r\n\r\n",
+                0);
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 101\r\n\r\n", 413);
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "40\r\n0123456789012345678901234567890123456789012345678901234567890123\r\n"
+                "40\r\n0123456789012345678901234567890123456789012345678901234567890123\r\n0\r\n\r\n",
+                413);
+  /* Trailers count against the header caps too. */
+  snprintf(buf, sizeof(buf), "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+           "0\r\nT: %0300d\r\n\r\n", 1);
+  expect_status(buf, 431);
+  /* Chunk extensions are capped. */
+  char ext[2048];
+  memset(ext, 'e', sizeof(ext));
+  ext[sizeof(ext) - 1] = '\0';
+  snprintf(buf, sizeof(buf), "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1;");
+  char big[4096];
+  snprintf(big, sizeof(big), "%s%s\r\na\r\n0\r\n\r\n", buf, ext);
+  expect_status(big, 400);
+}
+
+static void test_smuggling_and_syntax(void **state)
+{
+  (void)state;
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "0\r\n\r\n", 400);
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc", 400);
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nz\r\n", 400);
+  expect_status("GET / HTTP/1.1\nHost: a\n\n", 400);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nX: b\r\n c\r\n\r\n", 400);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nX: b\r\n\tc\r\n\r\n", 400);
+  expect_status("GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\n: empty-name\r\n\r\n", 400);
+  expect_status("GET / HTTP/1.1\r\nHo(st: a\r\n\r\n", 400);
+  expect_status("GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505);
+  expect_status("GET / HTTP/1.2\r\nHost: a\r\n\r\n", 505);
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 501);
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501);
+  expect_status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400);
+  expect_status("GET / HTTP/1.1\r\n\r\n", 400);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400);
+  expect_status("GET / HTTP/1.0\r\n\r\n", 0);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nX: a b\t c\r\n\r\n", 0);
+}
+
+static void test_failed_stays_failed(void **state)
+{
+  (void)state;
+  osr_http_limits_t l = limits();
+  osr_h1p_t p;
+  rec_t r;
+  memset(&r, 0, sizeof(r));
+  osr__h1p_init(&p, 1, &l, 0, &ev, &r);
+  size_t c;
+  const char *bad = "GET / HTTP/1.1\nHost: a\n\n";
+  assert_true(osr__h1p_execute(&p, bad, strlen(bad), &c) < 0);
+  const char *good = "GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+  assert_true(osr__h1p_execute(&p, good, strlen(good), &c) < 0);
+  osr__h1p_reset(&p);
+  assert_int_equal(osr__h1p_execute(&p, good, strlen(good), &c), OSR_H1P_MESSAGE);
+  assert_int_equal(c, strlen(good));
+  osr__h1p_dispose(&p);
+}
+
+static void test_hold_position(void **state)
+{
+  (void)state;
+  osr_http_limits_t l = limits();
+  osr_h1p_t p;
+  rec_t r;
+  memset(&r, 0, sizeof(r));
+  r.hold_every = 1;
+  osr__h1p_init(&p, 1, &l, 0, &ev, &r);
+  const char *s = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET";
+  size_t head = strlen(s) - 8;
+  size_t c;
+  assert_int_equal(osr__h1p_execute(&p, s, strlen(s), &c), OSR_H1P_HELD);
+  assert_int_equal(c, head);       /* the chunk is not consumed */
+  assert_int_equal(p.held_len, 5); /* it is the next 5 bytes */
+  assert_memory_equal(s + c, "hello", 5);
+  size_t c2;
+  assert_int_equal(osr__h1p_execute(&p, s + c + 5, 3, &c2), OSR_H1P_MESSAGE);
+  assert_int_equal(c2, 0);
+  assert_int_equal(r.completes, 1);
+  assert_int_equal(osr__h1p_execute(&p, s + c + 5, 3, &c2), OSR_H1P_DONE);
+  assert_true(osr__h1p_in_message(&p));
+  osr__h1p_dispose(&p);
+}
+
+static void test_responses(void **state)
+{
+  (void)state;
+  osr_http_limits_t l = limits();
+  osr_h1p_t p;
+  rec_t r;
+  memset(&r, 0, sizeof(r));
+  osr__h1p_init(&p, 0, &l, 0, &ev, &r);
+  /* 1xx, then 204 with a bogus Content-Length (no body), then read-until-close. */
+  const char *s = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"
+                  "HTTP/1.1 200 OK\r\n\r\nuntil close";
+  assert_int_equal(feed(&p, s, 0), OSR_H1P_DONE);
+  assert_int_equal(r.completes, 2);
+  assert_true(osr__h1p_in_body(&p));
+  assert_int_equal(osr__h1p_finish(&p), 0);
+  assert_int_equal(r.completes, 3);
+  assert_int_equal(r.body_len, 11);
+  osr__h1p_dispose(&p);
+
+  /* A truncated Content-Length body is an error at EOF. */
+  memset(&r, 0, sizeof(r));
+  osr__h1p_init(&p, 0, &l, 0, &ev, &r);
+  assert_int_equal(feed(&p, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", 0), OSR_H1P_DONE);
+  assert_int_equal(osr__h1p_finish(&p), OSR_EPROTO);
+  osr__h1p_dispose(&p);
+
+  /* HEAD: the owner says there is no body. */
+  memset(&r, 0, sizeof(r));
+  r.head_ret = 1;
+  osr__h1p_init(&p, 0, &l, 0, &ev, &r);
+  assert_int_equal(feed(&p, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n", 0), OSR_H1P_DONE);
+  assert_int_equal(r.completes, 1);
+  osr__h1p_dispose(&p);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_valid_and_pipelined),
+    cmocka_unit_test(test_header_names_lowercase),
+    cmocka_unit_test(test_caps),
+    cmocka_unit_test(test_smuggling_and_syntax),
+    cmocka_unit_test(test_failed_stays_failed),
+    cmocka_unit_test(test_hold_position),
+    cmocka_unit_test(test_responses),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
