@@ -25,6 +25,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <uv.h>
 
@@ -292,6 +293,7 @@ int main(int argc, char **argv)
   size_t max_message = 0;
 
   setvbuf(stdout, NULL, _IOLBF, 0);
+  signal(SIGPIPE, SIG_IGN); /* a peer that went away is an error return, not a kill */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--tls") == 0) {

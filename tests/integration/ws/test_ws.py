@@ -440,6 +440,47 @@ class Backpressure(WsCase):
         self.check(b"".join(frame(9, b"p" * 125) for _ in range(8192)))
 
 
+class Tls(unittest.TestCase):
+    """wss:// on osr-testd's TLS listener (ALPN offers h2 and http/1.1; a
+    WebSocket client gets HTTP/1.1)."""
+
+    def setUp(self):
+        need_node(self)
+        self.certs = osrtest.Certs()
+        self.d = Testd(tls=self.certs)
+
+    def tearDown(self):
+        self.d.stop()
+        self.certs.cleanup()
+
+    def test_npm_ws_over_tls(self):
+        n = 1024 * 1024 + 3
+        evs = ws_client("wss://127.0.0.1:%d/ws" % self.d.port, {
+            "ca": self.certs.ca, "protocols": ["echo.v1"],
+            "steps": [{"text": "secure"}, {"binary": n, "seed": 5}, {"wait": 2}, {"close": [4001, "bye"]}]})
+        self.assertEqual(events(evs, "open")[0]["protocol"], "echo.v1")
+        msgs = events(evs, "message")
+        self.assertEqual(msgs[0]["text"], "secure")
+        self.assertEqual(msgs[1]["sha"], sha(pattern(n, 5)))
+        self.assertEqual(events(evs, "close")[0]["code"], 4001)
+
+    def test_osr_wsc_over_tls(self):
+        c = Wsc(self.d.port, "--tls", "--ca", self.certs.ca, "--subprotocol", "chat.v2", path="/ws")
+        self.assertEqual(c.wait("open "), "open chat.v2")
+        c.cmd("binary-random 200000")
+        sent = c.wait("sent binary 200000 ").split()[3]
+        c.wait("message binary 200000 " + sent)
+        c.cmd("close 1000 done")
+        self.assertEqual(c.wait("close "), "close 1000 done")
+        self.assertEqual(c.exit_code(), 0)
+
+    def test_osr_wsc_rejects_unknown_ca(self):
+        c = Wsc(self.d.port, "--tls", path="/ws")
+        line = c.wait("error ")
+        self.assertEqual(int(line.split()[1]), -30002, line)  # OSR_ECERT
+        self.assertEqual(c.exit_code(), 1)
+
+
 # ==== osr-wsc -> npm ws WebSocketServer ==========================================
 
 class NodeServer:

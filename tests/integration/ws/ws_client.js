@@ -1,6 +1,6 @@
 // Independent WebSocket client for tests against osr-testd: the npm `ws`
 // package, driven by a JSON plan on the command line:
-//   node ws_client.js URL '{"protocols":[...], "steps":[...]}'
+//   node ws_client.js URL '{"protocols":[...], "ca": "ca.pem", "steps":[...]}'
 // Steps run in order:
 //   {"text": "str"}                     send a text message
 //   {"binary": N, "seed": S}            send pattern(N, S) (as tests/lib/osrtest.py)
@@ -32,6 +32,7 @@ const timer = setTimeout(() => { out({ event: 'timeout' }); process.exit(3); },
 const ws = new WebSocket(url, plan.protocols || [], {
   perMessageDeflate: false,
   maxPayload: 64 * 1024 * 1024,
+  ca: plan.ca ? require('fs').readFileSync(plan.ca) : undefined,
 });
 let received = 0;
 let step = 0;

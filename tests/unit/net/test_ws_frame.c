@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -653,6 +654,41 @@ static void test_pair_close_after_send(void **state)
   pair_close_loop(&p);
 }
 
+/* Keepalive: pings every interval; a peer that answers stays, one that does
+ * not (reading paused) is dropped. Idle timeout: close 1001. */
+static void test_pair_keepalive_and_idle(void **state)
+{
+  (void)state;
+  osr_ws_opts_t so = {0};
+  pair_t p;
+
+  so.ping_interval_ms = 20;
+  pair_open(&p, &so, NULL);
+  /* ~10 intervals with the client reading: still open. */
+  uint64_t until = uv_now(&p.loop) + 200;
+  while (uv_now(&p.loop) < until) {
+    uv_run(&p.loop, UV_RUN_ONCE);
+    uv_update_time(&p.loop);
+  }
+  assert_int_equal(p.rs.closed, 0);
+  assert_int_equal(p.rc.closed, 0);
+  osr_ws_read_stop(p.cli); /* pongs stop */
+  RUN_UNTIL(&p, p.rs.closed);
+  assert_int_equal(p.rs.close_code, 1006);
+  osr_ws_read_start(p.cli); /* now it sees the EOF */
+  RUN_UNTIL(&p, p.rc.closed);
+  assert_int_equal(p.rc.close_code, 1006);
+  pair_close_loop(&p);
+
+  osr_ws_opts_t io = {0};
+  io.idle_timeout_ms = 50;
+  pair_open(&p, &io, NULL);
+  RUN_UNTIL(&p, p.rs.closed && p.rc.closed);
+  assert_int_equal(p.rc.close_code, 1001);
+  assert_string_equal(p.rc.reason, "idle timeout");
+  pair_close_loop(&p);
+}
+
 /* The peer vanishes without a close frame: 1006. */
 static void test_pair_abrupt(void **state)
 {
@@ -671,6 +707,7 @@ static void test_pair_abrupt(void **state)
 
 int main(void)
 {
+  signal(SIGPIPE, SIG_IGN); /* a peer that went away is an error return, not a kill */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_accept_key),
       cmocka_unit_test(test_tokens),
@@ -685,6 +722,7 @@ int main(void)
       cmocka_unit_test(test_pair_backpressure),
       cmocka_unit_test(test_pair_ping_flood),
       cmocka_unit_test(test_pair_close_after_send),
+      cmocka_unit_test(test_pair_keepalive_and_idle),
       cmocka_unit_test(test_pair_abrupt),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
