@@ -26,18 +26,23 @@ for top in ("src", "adapters"):
             path = os.path.join(dirpath, fn)
             rel = os.path.relpath(path, root)
             with open(path, encoding="utf-8", errors="replace") as f:
-                for no, line in enumerate(f, 1):
-                    if "checksrc:" in line:
-                        continue
-                    code = comment.sub("", line)
-                    m = banned.search(code)
+                text = f.read()
+            # Blank out comments (keeping line breaks) and string literals.
+            text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n") if "checksrc:" not in m.group(0)
+                          else m.group(0), text, flags=re.S)
+            text = re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+            for no, line in enumerate(text.split("\n"), 1):
+                if "checksrc:" in line:
+                    continue
+                code = comment.sub("", line)
+                m = banned.search(code)
+                if m:
+                    print("%s:%d: banned function %s()" % (rel, no, m.group(1)))
+                    bad += 1
+                if rel != os.path.join("src", "util", "mem.c"):
+                    m = raw_alloc.search(code)
                     if m:
-                        print("%s:%d: banned function %s()" % (rel, no, m.group(1)))
+                        print("%s:%d: raw %s(): use osr_mem (src/util/mem.h)" % (rel, no, m.group(1)))
                         bad += 1
-                    if rel != os.path.join("src", "util", "mem.c"):
-                        m = raw_alloc.search(code)
-                        if m:
-                            print("%s:%d: raw %s(): use osr_mem (src/util/mem.h)" % (rel, no, m.group(1)))
-                            bad += 1
 print("checksrc: %d violation(s)" % bad)
 sys.exit(1 if bad else 0)
