@@ -31,7 +31,10 @@
 #define OSR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 /** Pointer to the struct that embeds `ptr` as its member `member`. */
-#define osr_container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+/* Through void * so clang -Wcast-align accepts it: the result is as aligned
+ * as the enclosing struct, which char * arithmetic hides from the compiler. */
+#define osr_container_of(ptr, type, member) \
+  ((type *)(void *)((char *)(ptr) - offsetof(type, member)))
 
 /* Codes shared with libuv (negative errno values). */
 #define OSR_ENOMEM UV_ENOMEM
