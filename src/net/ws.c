@@ -621,7 +621,7 @@ static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, in
     /* Over the output cap: stop here until the peer reads (STYLE 14). */
     ws->close_hold = ws->scan.st == SCAN_B0 && (osr_buf_data(ws->in)[0] & 0x0f) == 0x8 &&
                      wslay_event_get_queued_msg_count(ctx) != 0;
-    if (queued_bytes(ws) > ws->opts.max_queued) {
+    if (queued_bytes(ws) >= ws->opts.max_queued) {
       ws->queue_paused = 1;
     } else if (!ws->close_hold) {
       size_t n = ws->in->len < len ? ws->in->len : len;
