@@ -12,14 +12,21 @@
  * a random key, verifies Sec-WebSocket-Accept and the chosen subprotocol.
  *
  * Messages: on_message delivers whole messages (fragments reassembled, at
- * most opts.max_message bytes, else close 1009). Text messages are checked
- * for valid UTF-8 (close 1007). Pings are answered automatically. Protocol
- * errors close with 1002. osr_ws_send() queues one message; the payload is
- * copied by wslay's queue only where masking requires (client side) and the
- * total queued bytes are capped (opts.max_queued): above it osr_ws_send
- * fails with OSR_EAGAIN and on_writable fires once the queue drains below
- * half, so a producer can stop and resume (backpressure). While the peer does
- * not read, the socket's write queue grows only to that cap.
+ * most opts.max_message bytes, else close 1009; more than opts.max_fragments
+ * frames, close 1008). Text messages are checked for valid UTF-8 (close
+ * 1007). Pings are answered automatically. Protocol errors close with 1002.
+ * osr_ws_send() queues one message (wslay keeps a copy until it is written)
+ * and the total queued bytes are capped (opts.max_queued): at or above it
+ * osr_ws_send fails with OSR_EAGAIN and on_writable fires once the queue
+ * drains below half, so a producer can stop and resume (backpressure). While
+ * the queue is at the cap the session also stops reading the peer (resuming
+ * below half), so a handler that answers each message once from on_message
+ * never sees OSR_EAGAIN, and a peer that floods pings without reading cannot
+ * grow our memory. A close never overtakes messages queued before it.
+ *
+ * Subprotocols: when the client offers none of the server's, the server
+ * answers 101 without Sec-WebSocket-Protocol (RFC 6455 4.2.2); clients such
+ * as browsers and npm ws then fail the connection themselves.
  *
  * Closing: osr_ws_close(code, reason) sends a close frame and waits for the
  * peer's (or a timeout), then closes the socket; on_close fires exactly once
