@@ -219,6 +219,10 @@ int osr_gateway_run(const osr_gateway_config_t *cfg)
       OSR_LOG_ERROR("gateway", "listen %s: %s", cfg->listen[i], osr_strerror(rv));
       if (tls != NULL)
         osr_tls_ctx_unref(tls);
+      /* Close what was opened so far and let the loop finish the closes. */
+      osr_http_server_close(gw.http, 0, NULL, NULL);
+      uv_run(gw.loop, UV_RUN_DEFAULT);
+      uv_loop_close(gw.loop);
       return 1;
     }
     OSR_LOG_INFO("gateway", "listening on %s (port %d, %s)", cfg->listen[i],

@@ -159,6 +159,25 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   buf->len = tail.len;
 }
 
+/* The read side ended (EOF, error, or a TLS failure): stop reading for good
+ * and tell the owner once, even if it paused reading, since it must learn
+ * the peer is gone. Bytes still buffered stay in s->input. */
+static void read_failed(osr_sock_t *s, int err)
+{
+  if (s->_flags & OSR_SOCK_F_EOF)
+    return;
+  if (s->_flags & OSR_SOCK_F_UV_READING) {
+    uv_read_stop(&s->_h.stream);
+    s->_flags &= ~OSR_SOCK_F_UV_READING;
+  }
+  s->_flags |= OSR_SOCK_F_EOF;
+  if (s->ev != NULL && s->ev->on_read != NULL) {
+    cb_enter(s);
+    s->ev->on_read(s, err);
+    cb_leave(s);
+  }
+}
+
 static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
   osr_sock_t *s = stream->data;
@@ -177,20 +196,11 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     return;
   }
   if (nread < 0) {
-    uv_read_stop(stream);
-    s->_flags &= ~OSR_SOCK_F_UV_READING;
-    s->_flags |= OSR_SOCK_F_EOF;
     if (s->_flags & OSR_SOCK_F_HANDSHAKING) {
       osr__sock_handshake_done(s, nread == UV_EOF ? OSR_ECONNRESET : (int)nread);
       return;
     }
-    /* Deliver even if the owner paused reading: it must learn the peer is
-     * gone. Bytes still buffered stay in s->input. */
-    if (s->ev != NULL && s->ev->on_read != NULL) {
-      cb_enter(s);
-      s->ev->on_read(s, (int)nread);
-      cb_leave(s);
-    }
+    read_failed(s, (int)nread);
     return;
   }
   touch(s);
@@ -198,18 +208,10 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     s->_raw.len += (size_t)nread;
     int rv = osr__tls_on_raw(s);
     if (rv != 0 && !(s->_flags & OSR_SOCK_F_CLOSING)) {
-      if (s->_flags & OSR_SOCK_F_HANDSHAKING) {
+      if (s->_flags & OSR_SOCK_F_HANDSHAKING)
         osr__sock_handshake_done(s, rv);
-      } else {
-        uv_read_stop(stream);
-        s->_flags &= ~OSR_SOCK_F_UV_READING;
-        s->_flags |= OSR_SOCK_F_EOF;
-        if (s->ev != NULL && s->ev->on_read != NULL) {
-          cb_enter(s);
-          s->ev->on_read(s, rv);
-          cb_leave(s);
-        }
-      }
+      else
+        read_failed(s, rv);
     }
     return;
   }
@@ -262,7 +264,7 @@ static void on_kick(uv_idle_t *idle)
     /* Decrypt what TLS held back while the input buffer was full. */
     int rv = osr__tls_on_raw(s);
     if (rv != 0) {
-      osr__sock_deliver(s, rv);
+      read_failed(s, rv);
       return;
     }
   }

@@ -601,20 +601,6 @@ static void settle(osr_sock_t *s, osr_tls_conn_t *c)
   }
 }
 
-/* The read side ended (close_notify or an error about to be returned):
- * stop reading from the transport, as sock.c does for a transport EOF.
- * sock.c does this itself when the error comes back from on_uv_read, but
- * not on the osr_sock_read_start() kick path, where a later TCP FIN would
- * otherwise produce a second EOF for the owner. */
-static void end_reading(osr_sock_t *s)
-{
-  if (s->_flags & OSR_SOCK_F_UV_READING) {
-    uv_read_stop(&s->_h.stream);
-    s->_flags &= ~OSR_SOCK_F_UV_READING;
-  }
-  s->_flags |= OSR_SOCK_F_EOF;
-}
-
 /* After the read side ended: drop the rest of the ciphertext. */
 static void discard_raw(osr_sock_t *s, osr_tls_conn_t *c)
 {
@@ -875,9 +861,7 @@ int osr__tls_on_raw(osr_sock_t *s)
   if (c->fatal) { /* a write failed: report it on the read side once */
     c->read_done = 1;
     discard_raw(s, c);
-    if (c->established)
-      end_reading(s);
-    return OSR_ETLS;
+    return OSR_ETLS; /* sock.c ends the read side */
   }
   if (!c->established) {
     int rv = handshake(s, c);
@@ -893,10 +877,8 @@ int osr__tls_on_raw(osr_sock_t *s)
      * osr_sock_read_start() kicks us for them. */
     return 0;
   }
-  int rv = read_records(s, c);
-  if (rv != 0)
-    end_reading(s);
-  return rv;
+  /* On error sock.c stops reading and reports it to the owner once. */
+  return read_records(s, c);
 }
 
 /* Encrypt one run of plaintext; whole records go straight from the caller's

@@ -35,10 +35,10 @@ void osr_buf_init(osr_buf_t *b, size_t max);
 /** Release the memory. The buffer is EMPTY with cap 0 afterwards and may be reused. */
 void osr_buf_dispose(osr_buf_t *b);
 
-/** Pointer to the first data byte. */
+/** Pointer to the first data byte (NULL while nothing was ever allocated). */
 static inline char *osr_buf_data(const osr_buf_t *b)
 {
-  return b->base + b->off;
+  return b->base != NULL ? b->base + b->off : NULL;
 }
 
 /**
