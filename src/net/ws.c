@@ -619,7 +619,7 @@ static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, in
 
   if (ws->in != NULL && ws->in->len != 0 && can_read(ws)) {
     /* Over the output cap: stop here until the peer reads (STYLE 14). */
-    ws->close_hold = ws->scan.st == SCAN_B0 && (osr_buf_data(ws->in)[0] & 0x0f) == 0x8 &&
+    ws->close_hold = ws->scan.st == SCAN_B0 && (ws->in->base[ws->in->off] & 0x0f) == 0x8 &&
                      wslay_event_get_queued_msg_count(ctx) != 0;
     if (queued_bytes(ws) >= ws->opts.max_queued) {
       ws->queue_paused = 1;
