@@ -468,7 +468,7 @@ static void test_mem_client(void **state)
   assert_int_equal(osr_ws_send(ws, OSR_WS_BINARY, "abc", 3), 0);
   osr_buf_t *o = osr__ws_mem_output(ws);
   assert_int_equal(o->len, 2 + 4 + 3);
-  assert_int_equal((unsigned char)osr_buf_data(o)[1], 0x83);
+  assert_int_equal((unsigned char)o->base[o->off + 1], 0x83);
   osr_buf_consume(o, o->len);
   /* A masked frame from the server is a protocol error. */
   fr.len = 0;
