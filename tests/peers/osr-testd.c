@@ -403,14 +403,23 @@ static void route_status(osr_http_req_t *req)
 
 /* ---- /ws: WebSocket echo -------------------------------------------------- */
 
+/* Per-connection echo state: at most one message waits while the client is
+ * not reading (osr_ws_send said OSR_EAGAIN); reading stays paused until
+ * on_writable sends it. */
+typedef struct ws_echo_s {
+  int op;
+  char *pending;
+  size_t pending_len;
+  int has_pending;
+} ws_echo_t;
+
 static void ws_on_message(osr_ws_t *ws, int op, const osr_iovec_t *msg, void *data)
 {
-  (void)data;
+  ws_echo_t *e = data;
   if (op == OSR_WS_TEXT && msg->len > 6 && memcmp(msg->base, "close:", 6) == 0) {
     char num[8] = {0};
     memcpy(num, msg->base + 6, msg->len - 6 < sizeof(num) - 1 ? msg->len - 6 : sizeof(num) - 1);
-    int code = (int)strtol(num, NULL, 10);
-    osr_ws_close(ws, code, "requested");
+    osr_ws_close(ws, (int)strtol(num, NULL, 10), "requested");
     return;
   }
   if (op == OSR_WS_TEXT && msg->len == 4 && memcmp(msg->base, "ping", 4) == 0) {
@@ -419,24 +428,36 @@ static void ws_on_message(osr_ws_t *ws, int op, const osr_iovec_t *msg, void *da
   }
   int rv = osr_ws_send(ws, op, msg->base, msg->len);
   if (rv == OSR_EAGAIN) {
-    /* The client is not reading: stop reading it too until it catches up. */
+    /* The client is not reading: keep this message and stop reading. */
+    e->pending = osr_xmalloc(msg->len ? msg->len : 1);
+    memcpy(e->pending, msg->base, msg->len);
+    e->pending_len = msg->len;
+    e->op = op;
+    e->has_pending = 1;
     osr_ws_read_stop(ws);
-    osr_ws_send(ws, op, msg->base, msg->len);
   }
 }
 
 static void ws_on_writable(osr_ws_t *ws, void *data)
 {
-  (void)data;
+  ws_echo_t *e = data;
+  if (e->has_pending) {
+    if (osr_ws_send(ws, e->op, e->pending, e->pending_len) == OSR_EAGAIN)
+      return;
+    osr_freep(&e->pending);
+    e->has_pending = 0;
+  }
   osr_ws_read_start(ws);
 }
 
 static void ws_on_close(osr_ws_t *ws, int code, const osr_iovec_t *reason, void *data)
 {
+  ws_echo_t *e = data;
   (void)ws;
   (void)reason;
-  (void)data;
   OSR_LOG_DEBUG("testd", "websocket closed %d", code);
+  osr_free(e->pending);
+  osr_free(e);
 }
 
 static const osr_ws_events_t ws_events = {
@@ -454,7 +475,9 @@ static void route_ws(osr_http_req_t *req)
   o.subprotocols = protos;
   o.nsubprotocols = 2;
   o.max_message = 16 * 1024 * 1024;
-  osr_ws_accept(req, &o, &ws_events, NULL, &ws); /* answers 400/426 itself on error */
+  ws_echo_t *e = osr_xcalloc(1, sizeof(*e));
+  if (osr_ws_accept(req, &o, &ws_events, e, &ws) != 0)
+    osr_free(e); /* osr_ws_accept answered 400/426 itself */
 }
 
 /* ---- dispatch ---------------------------------------------------------------- */
