@@ -172,8 +172,7 @@ static void reject(h2req_t *r, int status)
   }
   /* RFC 9113 8.1: after a complete response the server may reset the
    * stream with NO_ERROR so the client stops sending the body. */
-  if (!(r->st.flags & OSR_H2_ST_RX_END))
-    nghttp2_submit_rst_stream(c->ng, NGHTTP2_FLAG_NONE, r->st.id, NGHTTP2_NO_ERROR);
+  r->st.flags |= OSR_H2_ST_RST_AFTER;
   osr__h2_flush(c);
 }
 
@@ -257,6 +256,7 @@ static int srv_on_headers(osr__h2_conn_t *c, const nghttp2_frame *f, osr__h2_str
     }
   }
   q->scheme = piece(r, r->pseudo[PS_SCHEME].vo, r->pseudo[PS_SCHEME].vl);
+  st->rx_expect = q->content_length;
   q->headers = r->headers;
   q->num_headers = r->nh;
   q->expect_body = !(f->hd.flags & NGHTTP2_FLAG_END_STREAM) && q->content_length != 0;

@@ -162,6 +162,21 @@ static int cli_on_headers(osr__h2_conn_t *c, const nghttp2_frame *f, osr__h2_str
     hs[i].value = osr_iov(base + r->hoffs[i].vo, r->hoffs[i].vl);
   }
   r->got_response = 1;
+  st->rx_expect = -1;
+  for (size_t i = 0; i < r->nh; i++) {
+    if (hs[i].name.len == 14 && memcmp(hs[i].name.base, "content-length", 14) == 0) {
+      int64_t v = 0;
+      size_t k;
+      for (k = 0; k < hs[i].value.len && k < 18; k++) {
+        char ch = hs[i].value.base[k];
+        if (ch < '0' || ch > '9')
+          break;
+        v = v * 10 + (ch - '0');
+      }
+      if (k == hs[i].value.len && k != 0)
+        st->rx_expect = v;
+    }
+  }
   if (r->super.ev->on_response != NULL)
     r->super.ev->on_response(&r->super, r->status, hs, r->nh, r->super.data);
   osr_free(hs);

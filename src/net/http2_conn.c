@@ -676,6 +676,7 @@ void osr__h2_stream_attach(osr__h2_conn_t *c, osr__h2_stream_t *st, int32_t id)
     c->streams->prev = st;
   c->streams = st;
   c->nstreams++;
+  st->rx_expect = -1;
   /* The peer cannot send more than one window without our WINDOW_UPDATE,
    * which it does not get while a chunk is held: that bounds the backlog. */
   size_t cap = (size_t)c->limits.h2_window + 64 * 1024;
@@ -828,6 +829,7 @@ static int on_data_chunk(nghttp2_session *ng, uint8_t flags, int32_t id, const u
   (void)flags;
 
   if (st == NULL || (st->flags & (OSR_H2_ST_FINALIZED | OSR_H2_ST_RX_DONE)) || st->status != 0) {
+    /* Nobody wants this body: credit it at once. */
     consume(c, id, len);
     return 0;
   }
@@ -868,10 +870,34 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
     }
     break;
   case NGHTTP2_RST_STREAM:
-    if (st != NULL && st->status == 0)
+    OSR_LOG_DEBUG("http2", "stream %d reset by peer (%s)", f->hd.stream_id,
+                  nghttp2_http2_strerror(f->rst_stream.error_code));
+    if (st == NULL || (st->flags & OSR_H2_ST_FINALIZED))
+      break;
+    if (f->rst_stream.error_code == NGHTTP2_NO_ERROR && st->rx_expect >= 0 &&
+        st->rx_bytes == (uint64_t)st->rx_expect) {
+      /* Some peers (node's http2) end a stream whose body they sent in
+       * full with RST_STREAM(NO_ERROR) instead of END_STREAM. With the
+       * whole content-length received nothing is missing: take it as the
+       * end of the body. */
+      st->flags |= OSR_H2_ST_RX_END;
+    } else if (st->status == 0) {
       st->status = OSR_ECONNRESET;
+    }
     break;
   case NGHTTP2_PING:
+    if ((f->hd.flags & NGHTTP2_FLAG_ACK) && memcmp(f->ping.opaque_data, "osrr", 4) == 0) {
+      uint32_t gen;
+      memcpy(&gen, f->ping.opaque_data + 4, 4);
+      for (osr__h2_stream_t *s = c->streams; s != NULL; s = s->next) {
+        if ((s->flags & OSR_H2_ST_RST_AFTER) && s->rst_gen != 0 && s->rst_gen <= gen &&
+            !(s->flags & (OSR_H2_ST_RX_END | OSR_H2_ST_NG_CLOSED))) {
+          s->flags &= ~OSR_H2_ST_RST_AFTER;
+          nghttp2_submit_rst_stream(ng, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_NO_ERROR);
+        }
+      }
+      break;
+    }
     if ((f->hd.flags & NGHTTP2_FLAG_ACK) && c->draining &&
         memcmp(f->ping.opaque_data, "osrdrain", 8) == 0 && !c->goaway_final) {
       /* One round trip after the shutdown notice: every request the peer
@@ -890,10 +916,30 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
 static int on_frame_send(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
 {
   (void)ud;
+  osr__h2_stream_t *st =
+      f->hd.stream_id != 0 ? nghttp2_session_get_stream_user_data(ng, f->hd.stream_id) : NULL;
+  if (st == NULL)
+    return 0;
   if (f->hd.type == NGHTTP2_RST_STREAM) {
-    osr__h2_stream_t *st = nghttp2_session_get_stream_user_data(ng, f->hd.stream_id);
-    if (st != NULL && st->status == 0 && f->rst_stream.error_code != NGHTTP2_NO_ERROR)
+    if (st->status == 0 && f->rst_stream.error_code != NGHTTP2_NO_ERROR)
       st->status = OSR_EH2;
+  } else if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) &&
+             (f->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+    st->flags |= OSR_H2_ST_LOCAL_END;
+    if ((st->flags & OSR_H2_ST_RST_AFTER) && !(st->flags & OSR_H2_ST_RX_END)) {
+      /* RFC 9113 8.1: the response is complete and the rest of the request
+       * body is not wanted, so RST_STREAM(NO_ERROR) tells the client to stop
+       * sending. Not yet, though: a reset that arrives together with the
+       * response makes some clients (curl 7.88) fail the request while still
+       * uploading, and a reset queued behind the response would even make
+       * nghttp2 drop the response. Send a PING and reset when its ACK shows
+       * the client has processed the response (on_frame_recv). */
+      uint8_t opaque[8] = {'o', 's', 'r', 'r'};
+      uint32_t gen = ++((osr__h2_conn_t *)ud)->rst_ping_gen;
+      memcpy(opaque + 4, &gen, 4);
+      st->rst_gen = gen;
+      nghttp2_submit_ping(ng, NGHTTP2_FLAG_NONE, opaque);
+    }
   }
   return 0;
 }
@@ -904,6 +950,8 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code, void 
   (void)ud;
   if (st == NULL)
     return 0;
+  OSR_LOG_DEBUG("http2", "stream %d closed (%s), status %d, flags %#x", id,
+                nghttp2_http2_strerror(code), st->status, st->flags);
   st->flags |= OSR_H2_ST_NG_CLOSED;
   st->ng_error = code;
   if (code != NGHTTP2_NO_ERROR && st->status == 0)

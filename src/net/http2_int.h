@@ -92,6 +92,9 @@ enum {
   OSR_H2_ST_FINALIZED = 1u << 12,
   OSR_H2_ST_LOST = 1u << 13,       /* the connection went away */
   OSR_H2_ST_EOF_AT_END = 1u << 14, /* client: EOF only at finalisation */
+  OSR_H2_ST_RST_AFTER = 1u << 15,  /* answered early: RST_STREAM(NO_ERROR)
+                                      once our END_STREAM is out */
+  OSR_H2_ST_LOCAL_END = 1u << 16,  /* our END_STREAM was sent */
 };
 
 struct osr__h2_stream_s {
@@ -117,7 +120,8 @@ struct osr__h2_stream_s {
   osr_buf_t held_buf;  /* held chunk that came from the backlog */
   osr_buf_t backlog;   /* body received while holding (copied) */
   uint64_t rx_bytes;
-  int deliver_from_buf; /* the chunk being delivered lives in held_buf */
+  int64_t rx_expect;    /* content-length of the incoming body, -1 unknown */
+  uint32_t rst_gen;     /* RST_AFTER: reset when this PING is acked */
 };
 
 struct osr__h2_batch_s;
@@ -142,6 +146,7 @@ struct osr__h2_conn_s {
   int closed;       /* socket gone, streams finalised, session deleted */
   int close_status; /* what open streams fail with */
   int draining, goaway_final;
+  uint32_t rst_ping_gen;
   osr__h2_pin_t *rx_pin; /* pin for the read buffer being parsed */
   osr_buf_t mem_input;   /* memory mode input */
   void (*mem_write)(void *ud, const osr_iovec_t *iov, size_t n);
