@@ -1,0 +1,79 @@
+/*
+ * Redis binding cache and invalidation bus (hiredis with its libuv adapter).
+ *
+ * What it is for: the data plane and other gateways read a sandbox's binding
+ * from Redis instead of the database; when a binding changes (killed, paused,
+ * resumed, migrated) the gateway deletes/overwrites the cached copy and
+ * publishes an invalidation so every subscriber drops its local copy within a
+ * second (token revocation rides on the same channel).
+ *
+ * Failure model: Redis is an accelerator, never a dependency. While it is
+ * down every call fails fast with OSR_EUNAVAILABLE (callers fall back to the
+ * store), and the client reconnects in the background with capped backoff.
+ *
+ * Hazards handled here (STYLE, "Known hazards"): hiredis connects to numeric
+ * addresses only (the host is resolved with uv_getaddrinfo first); in-flight
+ * commands per connection are capped (max_inflight; above it calls fail with
+ * OSR_EAGAIN instead of growing hiredis's output buffer); reply sizes are
+ * capped through the reader's maxbuf/maxelements; nothing is freed before
+ * hiredis's disconnect callback ran.
+ *
+ * Callback contract as everywhere: 0 → the callback fires exactly once on the
+ * loop thread; an error return → it never fires.
+ */
+#ifndef OSR_CACHE_REDIS_H
+#define OSR_CACHE_REDIS_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "osr/common.h"
+#include "store/store.h"
+
+typedef struct osr_redis_s osr_redis_t;
+
+typedef struct osr_redis_opts_s {
+  const char *url;             /**< redis://host:port[/db] or unix:/path */
+  const char *prefix;          /**< key prefix, default "osr:" */
+  uint64_t connect_timeout_ms; /**< default 1000 */
+  uint64_t command_timeout_ms; /**< default 500: a stuck Redis must not stall creates */
+  size_t max_inflight;         /**< default 10000 */
+  uint64_t binding_ttl_ms;     /**< cache entry lifetime, default 300000 */
+} osr_redis_opts_t;
+
+/** Invalidation message: a sandbox whose binding changed (or "*" for all). */
+typedef void (*osr_redis_invalidate_cb)(const char *sandbox_id, void *data);
+
+/** Create the client and start connecting (in the background). Returns 0 or
+ *  OSR_EINVAL for a bad URL. */
+int osr_redis_new(uv_loop_t *loop, const osr_redis_opts_t *opts, osr_redis_t **out);
+
+/** Subscribe to invalidations (a second connection; re-subscribes after
+ *  reconnects). One subscriber callback per client. */
+int osr_redis_subscribe(osr_redis_t *r, osr_redis_invalidate_cb cb, void *data);
+
+/** 1 while the command connection is up. */
+int osr_redis_is_connected(const osr_redis_t *r);
+
+typedef void (*osr_redis_done_cb)(int status, void *data);
+/** `b` valid during the call; status OSR_ENOTFOUND on a miss. */
+typedef void (*osr_redis_binding_cb)(int status, const osr_binding_t *b, void *data);
+
+/** Cache a binding (SET with TTL). */
+int osr_redis_put_binding(osr_redis_t *r, const osr_binding_t *b, osr_redis_done_cb cb, void *data);
+int osr_redis_get_binding(osr_redis_t *r, const char *id, osr_redis_binding_cb cb, void *data);
+/** Delete the cached copy and publish an invalidation. */
+int osr_redis_invalidate(osr_redis_t *r, const char *id, osr_redis_done_cb cb, void *data);
+
+/** Serialise a binding for the cache (JSON) and back; exposed for tests and
+ *  the data plane. `out` is heap (osr_free). */
+int osr_binding_to_json(const osr_binding_t *b, char **out);
+int osr_binding_from_json(const char *json, size_t len, osr_binding_t *b);
+
+/** Round-trip latency of the last command in microseconds (metrics). */
+uint64_t osr_redis_last_latency_us(const osr_redis_t *r);
+
+/** Disconnect and free; pending callbacks fire with OSR_ECANCELED first. */
+void osr_redis_close(osr_redis_t *r, void (*cb)(void *data), void *data);
+
+#endif

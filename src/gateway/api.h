@@ -1,0 +1,86 @@
+/*
+ * The gateway's HTTP API: routing, authentication, typed errors, and the
+ * handlers. api.c owns the router, the error/JSON helpers and
+ * authentication; api_sandboxes.c the sandbox routes; api_admin.c keys,
+ * tenants and audit; metrics.c /metrics.
+ *
+ * Every error answer has the shape
+ *   {"error":{"code":"<stable code>","message":"<human text>", ...details}}
+ * with these codes and statuses: invalid_request 400, unauthorized 401,
+ * forbidden 403, not_found 404, method_not_allowed 405,
+ * idempotency_conflict 409, payload_too_large 413, no_capable_provider 422
+ * (details.providers: each provider's reasons), all_providers_failed 502
+ * (details.attempts), unavailable 503 (store down), internal 500.
+ */
+#ifndef OSR_GATEWAY_API_H
+#define OSR_GATEWAY_API_H
+
+#include <jansson.h>
+
+#include "gateway/gw.h"
+#include "net/http.h"
+
+/** Who is calling (resolved from `Authorization: Bearer <key>`). */
+typedef struct osr_gw_auth_s {
+  char tenant[OSR_TENANT_MAX];
+  char key_id[24];
+  osr_role_t role;
+} osr_gw_auth_t;
+
+/** A request in flight through the API: the HTTP request plus the parsed
+ *  pieces; freed by the router when the HTTP exchange is done. */
+typedef struct osr_gw_call_s {
+  osr_gw_t *gw;
+  osr_http_req_t *req;
+  osr_gw_auth_t auth;
+  json_t *body;                  /**< parsed JSON body (object) or NULL */
+  char path_id[OSR_ID_MAX];      /**< {id} from the route, if any */
+  const char *route;             /**< route pattern, for metrics ("/v1/sandboxes/{id}") */
+  uint64_t started_us;
+  int done;                      /**< a response was sent */
+  void *data;                    /**< the handler's */
+  void (*on_abort)(struct osr_gw_call_s *call); /**< client went away before the answer */
+} osr_gw_call_t;
+
+typedef void (*osr_gw_handler_t)(osr_gw_call_t *call);
+
+/** Install the API on the gateway's HTTP server (as its handler). */
+void osr_gw_api_on_request(osr_http_req_t *req, void *gw);
+
+/** Answer with JSON (steals `body`) and finish the call. */
+void osr_gw_reply(osr_gw_call_t *call, int status, json_t *body);
+/** Answer with a typed error; `details` (stolen, may be NULL) is merged into
+ *  the error object. */
+void osr_gw_error(osr_gw_call_t *call, int status, const char *code, const char *message,
+                  json_t *details);
+/** Map an OSR_E* / store error to the right typed error answer. */
+void osr_gw_error_from(osr_gw_call_t *call, int err, const char *what);
+
+/* Handlers (api_sandboxes.c). */
+void osr_gw_sandbox_create(osr_gw_call_t *call);  /* POST   /v1/sandboxes */
+void osr_gw_sandbox_list(osr_gw_call_t *call);    /* GET    /v1/sandboxes */
+void osr_gw_sandbox_get(osr_gw_call_t *call);     /* GET    /v1/sandboxes/{id} */
+void osr_gw_sandbox_delete(osr_gw_call_t *call);  /* DELETE /v1/sandboxes/{id} */
+void osr_gw_sandbox_timeout(osr_gw_call_t *call); /* POST   /v1/sandboxes/{id}/timeout */
+void osr_gw_plan(osr_gw_call_t *call);            /* POST   /v1/plan */
+void osr_gw_providers_get(osr_gw_call_t *call);   /* GET    /v1/providers */
+
+/* Handlers (api_admin.c). */
+void osr_gw_keys_create(osr_gw_call_t *call);     /* POST   /v1/keys (admin) */
+void osr_gw_keys_list(osr_gw_call_t *call);       /* GET    /v1/keys (admin: all; tenant: own) */
+void osr_gw_keys_revoke(osr_gw_call_t *call);     /* DELETE /v1/keys/{id} (admin) */
+void osr_gw_audit_list(osr_gw_call_t *call);      /* GET    /v1/audit */
+
+/** Append an audit event (fire and forget; failures are logged and counted). */
+void osr_gw_audit(osr_gw_t *gw, const osr_gw_auth_t *who, const char *action,
+                  const char *sandbox_id, const char *outcome, json_t *detail);
+
+/** The sandbox as the API shows it (binding + data-plane URL + token). */
+json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token);
+
+/** Resolve every binding left in CREATING by a crash (adopt what the
+ *  provider has under our label, destroy the rest); cb when done. Called at
+ *  start before the API listens. (create.c) */
+void osr_gw_recover(osr_gw_t *gw, void (*cb)(osr_gw_t *gw, int status));
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * The gateway context shared by every gateway module, and its configuration.
+ *
+ * Configuration precedence (lowest to highest): built-in defaults, the YAML
+ * file (--config FILE or OSR_CONFIG), environment variables (OSR_*), flags.
+ * Secrets (admin key, provider credentials) are referenced, never inlined in
+ * logs: YAML values of the form {env: NAME} or {file: PATH} are resolved at
+ * load time and the resolved values are never logged.
+ */
+#ifndef OSR_GATEWAY_GW_H
+#define OSR_GATEWAY_GW_H
+
+#include <jansson.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "cache/redis.h"
+#include "gateway/breaker.h"
+#include "gateway/placement.h"
+#include "net/http.h"
+#include "store/store.h"
+
+#define OSR_GW_LISTEN_MAX 8
+
+typedef struct osr_gw_config_s {
+  const char *listen[OSR_GW_LISTEN_MAX]; /**< API listeners; default 127.0.0.1:7070 (OSR_LISTEN) */
+  size_t nlisten;
+  const char *dataplane_listen;  /**< default 127.0.0.1:7071 (OSR_DATAPLANE_LISTEN) */
+  const char *dataplane_url;     /**< public data-plane URL put in create answers;
+                                      default http://<dataplane_listen> */
+  const char *tls_cert, *tls_key;
+  const char *data_dir;          /**< default $HOME/.local/share/osr (OSR_DATA_DIR) */
+  const char *store_url;         /**< default sqlite:<data_dir>/osr.db (OSR_STORE) */
+  const char *redis_url;         /**< NULL = no Redis (OSR_REDIS) */
+  const char *admin_key;         /**< OSR_ADMIN_KEY, else generated at first start into
+                                      <data_dir>/admin.key (mode 0600) */
+  json_t *providers;             /**< array of {name, type, ...adapter config}; default
+                                      [{name:"sim",type:"sim"}] (OSR_PROVIDERS: JSON or a
+                                      comma list of types) */
+  osr_policy_t default_policy;
+  json_t *price_overrides;       /**< {provider: {vcpu_per_s, gib_per_s, ...}} or NULL */
+  uint32_t default_timeout_s;    /**< TTL when a create gives none; default 300 */
+  uint32_t max_timeout_s;        /**< default 86400 */
+  uint64_t token_ttl_s;          /**< binding token lifetime; default 3600 */
+  osr_breaker_config_t breaker;
+  uint64_t reaper_interval_ms;   /**< default 5000 */
+  uint64_t drain_ms;             /**< default 10000 */
+  size_t max_request_body;       /**< API JSON bodies; default 1 MiB */
+  osr_http_limits_t http_limits;
+  const char *config_file;       /**< the file that was loaded, or NULL */
+  /* private: memory owned by the config (strings point into it) */
+  json_t *_owned;
+} osr_gw_config_t;
+
+/** Load defaults, then the YAML file, then environment, then flags (argv
+ *  after the program/subcommand name). Returns 0; 1 if --help was printed;
+ *  OSR_EINVAL with a human message in err (name the flag/key and what is
+ *  wrong). */
+int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, size_t errlen);
+void osr_gw_config_dispose(osr_gw_config_t *cfg);
+/** The flags/env table as help text (for --help and docs). */
+void osr_gw_config_usage(FILE *f, const char *prog);
+
+typedef struct osr_providers_s osr_providers_t; /* gateway/providers.h */
+typedef struct osr_metrics_s osr_metrics_t;     /* gateway/metrics.h */
+typedef struct osr_reaper_s osr_reaper_t;       /* gateway/reaper.h */
+
+typedef struct osr_gw_s {
+  uv_loop_t *loop;
+  const osr_gw_config_t *cfg;
+  osr_store_t *store;
+  osr_redis_t *redis;            /**< NULL when not configured; may be disconnected */
+  osr_providers_t *providers;
+  osr_metrics_t *metrics;
+  osr_reaper_t *reaper;
+  osr_http_server_t *http;
+  char admin_key_hash[65];       /**< SHA-256 hex of the admin key */
+  int64_t started_ms;
+  int draining;
+  uint64_t inflight_creates;
+} osr_gw_t;
+
+/** Wall-clock now in unix milliseconds. */
+int64_t osr_now_ms(void);
+
+/** SHA-256 of `len` bytes as 64 lower-case hex chars + NUL (BoringSSL/OpenSSL). */
+void osr_sha256_hex(const void *p, size_t len, char out[65]);
+
+/** Fill `out` with n random bytes from the TLS library's CSPRNG. */
+void osr_random_bytes(void *out, size_t n);
+
+/** A new sandbox id: 20 chars [a-z0-9], DNS-label safe (E2B host form
+ *  <port>-<id>.<domain>). `out` has room for 21 bytes. */
+void osr_sandbox_id_new(char out[21]);
+
+#endif

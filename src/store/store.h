@@ -1,0 +1,196 @@
+/*
+ * The binding store: durable sandbox -> provider bindings, idempotency,
+ * tenants and API keys, and the audit log. Two backends with one schema and
+ * one set of migrations, chosen by URL:
+ *   sqlite:/path/to/osr.db    embedded default (WAL, synchronous=NORMAL... see store_sqlite.c)
+ *   postgres://user@host:port/db?...   gateway mode, several gateways on one database
+ *
+ * Threading: the loop thread never blocks on the database. Each backend runs
+ * its own worker thread(s); requests are queued to them and results come
+ * back to the loop thread through a uv_async_t. Writes that arrive together
+ * are committed in one transaction (group commit), which is what makes
+ * thousands of durable creates per second possible on SQLite.
+ *
+ * Callback contract: a function that returns 0 calls its callback exactly
+ * once on the loop thread; an error return (OSR_EINVAL for bad arguments,
+ * OSR_ECLOSED after close) means it never does. Data passed to callbacks is
+ * valid only during the callback. Store failures (database down, disk
+ * full) come back as OSR_EUNAVAILABLE so the API can answer `unavailable`.
+ */
+#ifndef OSR_STORE_STORE_H
+#define OSR_STORE_STORE_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "osr/adapter.h"
+#include "osr/common.h"
+
+#define OSR_EUNAVAILABLE (-30010) /* the store cannot be reached */
+#define OSR_ECONFLICT (-30011)    /* a uniqueness rule was violated */
+#define OSR_ENOTFOUND (-30012)    /* no such row (or not the caller's) */
+
+#define OSR_ID_MAX 40
+#define OSR_TENANT_MAX 64
+#define OSR_IDEM_KEY_MAX 256
+
+/** Lifecycle of a binding. */
+typedef enum osr_binding_state_e {
+  OSR_BINDING_CREATING = 1, /**< intent written, provider not yet answered */
+  OSR_BINDING_RUNNING = 2,
+  OSR_BINDING_PAUSED = 3,
+  OSR_BINDING_ENDED = 4,    /**< destroyed on purpose (kill, TTL, idle) */
+  OSR_BINDING_FAILED = 5,   /**< create failed on every candidate */
+  OSR_BINDING_LOST = 6,     /**< the provider resource vanished */
+} osr_binding_state_t;
+
+const char *osr_binding_state_name(osr_binding_state_t s);
+/** Parse a state name; returns 0 if unknown. */
+osr_binding_state_t osr_binding_state_parse(const char *s);
+
+/**
+ * One sandbox's binding: where it lives and what it is. Strings are inline
+ * (fixed caps) except the JSON documents, which are heap strings owned by
+ * whoever owns the struct (osr_binding_dispose frees them).
+ */
+typedef struct osr_binding_s {
+  char id[OSR_ID_MAX];              /**< OSR sandbox id (20 lower-case alnum chars) */
+  char tenant[OSR_TENANT_MAX];
+  char idem_key[OSR_IDEM_KEY_MAX];  /**< "" if none was given */
+  char request_hash[65];            /**< SHA-256 hex of the canonical request */
+  char template_id[128];
+  char provider[OSR_NAME_MAX];      /**< configured provider name, "" before placement */
+  char provider_id[128];            /**< the provider's own id, "" until created */
+  char region[OSR_NAME_MAX];
+  osr_isolation_t isolation;
+  char agent_endpoint[256];
+  osr_binding_state_t state;
+  int attempt;                      /**< 1-based create attempt (failover count + 1) */
+  int64_t created_ms;               /**< unix ms */
+  int64_t updated_ms;
+  int64_t expires_ms;               /**< absolute TTL deadline; 0 = none */
+  int64_t idle_timeout_ms;          /**< 0 = none */
+  int64_t last_activity_ms;         /**< data-plane traffic, for idle */
+  int64_t ended_ms;
+  char end_reason[64];              /**< "killed", "ttl", "idle", "lost", "failed: ..." */
+  char *request_json;               /**< the create request as received (canonical) */
+  char *granted_json;               /**< capabilities granted (JSON object) */
+  char *metadata_json;              /**< user metadata (JSON object of strings) */
+  char *error_json;                 /**< for FAILED: attempts and reasons */
+} osr_binding_t;
+
+void osr_binding_init(osr_binding_t *b);
+void osr_binding_dispose(osr_binding_t *b);
+/** Deep copy. */
+void osr_binding_copy(osr_binding_t *dst, const osr_binding_t *src);
+
+typedef struct osr_store_s osr_store_t;
+
+typedef void (*osr_store_open_cb)(osr_store_t *st, int status, void *data);
+typedef void (*osr_store_done_cb)(int status, void *data);
+/** `b` valid during the call. For create_intent, `created` is 1 if this call
+ *  inserted the row, 0 if a row with the same (tenant, idem_key) existed and
+ *  `b` is that row. */
+typedef void (*osr_store_binding_cb)(int status, const osr_binding_t *b, int created, void *data);
+typedef void (*osr_store_list_cb)(int status, const osr_binding_t *items, size_t n,
+                                  const char *next_cursor, void *data);
+
+/** Open the store at `url`, create or migrate the schema (on the worker),
+ *  then call cb on the loop thread. Returns 0 or OSR_EINVAL (bad URL). */
+int osr_store_open(uv_loop_t *loop, const char *url, osr_store_open_cb cb, void *data,
+                   osr_store_t **out);
+
+/** Finish queued work, stop the workers, free; cb may be NULL. */
+void osr_store_close(osr_store_t *st, void (*cb)(void *data), void *data);
+
+/** "sqlite" or "postgres". */
+const char *osr_store_backend(const osr_store_t *st);
+
+/**
+ * Insert a binding in state CREATING. If b->idem_key is non-empty and a row
+ * with (tenant, idem_key) exists, nothing is inserted and that row is
+ * returned with created = 0 (the caller compares request_hash to detect an
+ * idempotency conflict). Concurrent calls with one key from any number of
+ * gateways yield exactly one row (unique constraint).
+ */
+int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_binding_cb cb,
+                            void *data);
+
+/** Overwrite the mutable fields of the binding with id b->id (provider,
+ *  provider_id, region, isolation, endpoint, state, attempt, timestamps,
+ *  end_reason, granted/error JSON). OSR_ENOTFOUND if absent. */
+int osr_store_update(osr_store_t *st, const osr_binding_t *b, osr_store_done_cb cb, void *data);
+
+/** Get by id; `tenant` NULL = any tenant (admin, reaper). OSR_ENOTFOUND if
+ *  absent or another tenant's. */
+int osr_store_get(osr_store_t *st, const char *tenant, const char *id, osr_store_binding_cb cb,
+                  void *data);
+
+typedef struct osr_store_query_s {
+  const char *tenant;               /**< NULL = all tenants */
+  unsigned state_mask;              /**< bit (1 << state); 0 = all */
+  const char *const *meta_keys;     /**< metadata equality filters */
+  const char *const *meta_values;
+  size_t nmeta;
+  const char *cursor;               /**< from a previous page; NULL = first */
+  size_t limit;                     /**< 1..1000, default 100 */
+  int64_t expires_before_ms;        /**< reaper: expires_ms != 0 && < this; 0 = off */
+} osr_store_query_t;
+
+/** List bindings ordered by (created_ms, id); next_cursor NULL on the last page. */
+int osr_store_list(osr_store_t *st, const osr_store_query_t *q, osr_store_list_cb cb, void *data);
+
+/** Record data-plane activity (idle tracking); cheap, batched. */
+int osr_store_touch(osr_store_t *st, const char *id, int64_t at_ms, osr_store_done_cb cb,
+                    void *data);
+
+/* ---- tenants and API keys ------------------------------------------------ */
+
+typedef enum osr_role_e { OSR_ROLE_TENANT = 1, OSR_ROLE_ADMIN = 2 } osr_role_t;
+
+typedef struct osr_api_key_s {
+  char key_id[24];                  /**< public id, e.g. "k_3f9a..." */
+  char tenant[OSR_TENANT_MAX];
+  osr_role_t role;
+  char hash[65];                    /**< SHA-256 hex of the secret; the secret is never stored */
+  char name[OSR_NAME_MAX];
+  int64_t created_ms;
+  int64_t revoked_ms;               /**< 0 = active */
+} osr_api_key_t;
+
+typedef void (*osr_store_key_cb)(int status, const osr_api_key_t *k, void *data);
+typedef void (*osr_store_keys_cb)(int status, const osr_api_key_t *k, size_t n, void *data);
+
+int osr_store_key_put(osr_store_t *st, const osr_api_key_t *k, osr_store_done_cb cb, void *data);
+/** Look up an active key by its hash. OSR_ENOTFOUND if unknown or revoked. */
+int osr_store_key_lookup(osr_store_t *st, const char *hash, osr_store_key_cb cb, void *data);
+int osr_store_key_list(osr_store_t *st, const char *tenant, osr_store_keys_cb cb, void *data);
+int osr_store_key_revoke(osr_store_t *st, const char *key_id, int64_t at_ms, osr_store_done_cb cb,
+                         void *data);
+
+/* ---- audit log (append-only) ----------------------------------------------- */
+
+typedef struct osr_audit_event_s {
+  int64_t seq;                      /**< assigned by the store */
+  int64_t at_ms;
+  char tenant[OSR_TENANT_MAX];
+  char actor[64];                   /**< key id, "reaper", "system" */
+  char action[32];                  /**< "create", "kill", "timeout", "reap.ttl", ... */
+  char sandbox_id[OSR_ID_MAX];
+  char outcome[32];                 /**< "ok" or an error code */
+  char *detail_json;                /**< optional JSON object; owned */
+} osr_audit_event_t;
+
+typedef void (*osr_store_audit_cb)(int status, const osr_audit_event_t *ev, size_t n,
+                                   const char *next_cursor, void *data);
+
+int osr_store_audit_append(osr_store_t *st, const osr_audit_event_t *ev, osr_store_done_cb cb,
+                           void *data);
+/** A tenant's events (NULL = all), newest first, paginated. */
+int osr_store_audit_list(osr_store_t *st, const char *tenant, const char *cursor, size_t limit,
+                         osr_store_audit_cb cb, void *data);
+
+/** Round-trip latency of the last completed store call in microseconds (metrics). */
+uint64_t osr_store_last_latency_us(const osr_store_t *st);
+
+#endif
