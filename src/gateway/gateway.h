@@ -24,4 +24,14 @@ int osr_gateway_parse_args(int argc, char **argv, osr_gateway_config_t *cfg, con
 /** Run the gateway until SIGTERM/SIGINT, then drain. Returns an exit code. */
 int osr_gateway_run(const osr_gateway_config_t *cfg);
 
+/**
+ * The control-plane process (replaces the two functions above once the
+ * control plane lands): load the configuration (gw.h osr_gw_config_load),
+ * open the store, Redis and providers, recover interrupted creates, start
+ * the reaper, serve the API until SIGTERM/SIGINT, drain, and return an exit
+ * code (0 ok, 1 runtime failure, 2 usage error). argv excludes the program
+ * or subcommand name; prog is used in messages ("osr serve", "osr-gateway").
+ */
+int osr_gateway_main(int argc, char **argv, const char *prog);
+
 #endif
