@@ -411,9 +411,10 @@ static ssize_t on_read_data(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
   return (ssize_t)n;
 }
 
-/* Send DATA frames as large as the peer allows (its SETTINGS_MAX_FRAME_SIZE
- * and the flow-control windows), not nghttp2's 16 KiB default: fewer frame
- * headers and iovecs per byte. */
+/* Send DATA frames larger than nghttp2's 16 KiB default when the peer
+ * allows it (SETTINGS_MAX_FRAME_SIZE, windows): fewer frame headers and
+ * iovecs per byte. Capped at 32 KiB because nghttp2 grows a per-session
+ * frame buffer to this size even though NO_COPY never fills it. */
 static ssize_t on_read_length(nghttp2_session *ng, uint8_t frame_type, int32_t stream_id,
                               int32_t session_remote_window_size,
                               int32_t stream_remote_window_size, uint32_t remote_max_frame_size,
@@ -427,8 +428,8 @@ static ssize_t on_read_length(nghttp2_session *ng, uint8_t frame_type, int32_t s
                                                                       : stream_remote_window_size;
   if (w > (int32_t)remote_max_frame_size)
     w = (int32_t)remote_max_frame_size;
-  if (w > 256 * 1024)
-    w = 256 * 1024;
+  if (w > 32 * 1024)
+    w = 32 * 1024;
   return w > 0 ? w : 1;
 }
 
