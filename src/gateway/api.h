@@ -44,6 +44,34 @@ typedef struct osr_gw_call_s {
 
 typedef void (*osr_gw_handler_t)(osr_gw_call_t *call);
 
+/*
+ * Call lifetime (api.c). The router frees a call when the HTTP exchange is
+ * over AND no hold is outstanding. If the client goes away before the
+ * answer, on_abort (if set) fires once, call->req becomes NULL, and
+ * osr_gw_reply()/osr_gw_error() on that call only free what they were given.
+ * A handler that starts asynchronous work (store, provider) either holds the
+ * call until its callback ran (osr_gw_call_hold/release), or cancels the
+ * work in on_abort and never touches the call afterwards.
+ */
+/** Keep `call` allocated until the matching osr_gw_call_release(). */
+void osr_gw_call_hold(osr_gw_call_t *call);
+void osr_gw_call_release(osr_gw_call_t *call);
+
+/** Query parameter `name` of the call's request, percent-decoded into `out`
+ *  (NUL-terminated). Returns its length, -1 if absent, OSR_ETOOLARGE if it
+ *  does not fit in outlen - 1 bytes or is not valid percent-encoding. */
+int osr_gw_query(const osr_gw_call_t *call, const char *name, char *out, size_t outlen);
+
+/** `ms` (unix milliseconds) as RFC 3339 UTC, "2024-05-01T12:00:00.123Z". */
+void osr_gw_rfc3339(int64_t ms, char out[32]);
+
+/** API module state on gw->api (auth cache); osr_gateway_main calls these
+ *  around serving. init returns 0. */
+int osr_gw_api_init(osr_gw_t *gw);
+void osr_gw_api_dispose(osr_gw_t *gw);
+/** Drop a key from the auth cache (revocation). */
+void osr_gw_auth_forget(osr_gw_t *gw, const char *key_id);
+
 /** Install the API on the gateway's HTTP server (as its handler). */
 void osr_gw_api_on_request(osr_http_req_t *req, void *gw);
 

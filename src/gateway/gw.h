@@ -64,6 +64,7 @@ void osr_gw_config_usage(FILE *f, const char *prog);
 typedef struct osr_providers_s osr_providers_t; /* gateway/providers.h */
 typedef struct osr_metrics_s osr_metrics_t;     /* gateway/metrics.h */
 typedef struct osr_reaper_s osr_reaper_t;       /* gateway/reaper.h */
+typedef struct osr_gw_api_s osr_gw_api_t;       /* gateway/api.c: auth cache */
 
 typedef struct osr_gw_s {
   uv_loop_t *loop;
@@ -74,6 +75,7 @@ typedef struct osr_gw_s {
   osr_metrics_t *metrics;
   osr_reaper_t *reaper;
   osr_http_server_t *http;
+  osr_gw_api_t *api;             /**< API module state (osr_gw_api_init) */
   char admin_key_hash[65];       /**< SHA-256 hex of the admin key */
   int64_t started_ms;
   int draining;
