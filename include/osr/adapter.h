@@ -190,4 +190,14 @@ struct osr_provider_s {
   osr_provider_info_t info;    /**< from describe(), possibly with price overrides */
 };
 
+/** The built-in adapter for `type` ("sim", later "local", "kubernetes", ...),
+ *  or NULL if none is compiled in. The table lives in adapters/registry.c:
+ *  adding a provider is one line there plus its file. */
+OSR_API const osr_adapter_t *osr_adapter_find(const char *type);
+
+/** Fill `names` with up to `max` built-in adapter type names (static
+ *  strings, table order) and return how many exist in total (which may be
+ *  more than `max`). */
+OSR_API size_t osr_adapter_types(const char **names, size_t max);
+
 #endif
