@@ -38,14 +38,14 @@ typedef struct h2req_s {
   osr_http_req_t req; /* what the handler sees */
   osr__h2_stream_t st;
   h2srv_t *h;
-  osr_buf_t hbuf;     /* header names and values */
+  osr_buf_t hbuf; /* header names and values */
   hoff_t *hoffs;
   size_t nh, caph;
   hoff_t pseudo[PS_COUNT];
   unsigned have_pseudo;
-  size_t hbytes;      /* names + values so far, pseudo-headers included */
-  int reject;         /* HTTP status to answer instead of the handler */
-  int dispatched;     /* on_request was called */
+  size_t hbytes;  /* names + values so far, pseudo-headers included */
+  int reject;     /* HTTP status to answer instead of the handler */
+  int dispatched; /* on_request was called */
   int head;
   uint64_t body_seen;
   osr_http_header_t *headers;
@@ -83,8 +83,8 @@ static int srv_on_begin_headers(osr__h2_conn_t *c, const nghttp2_frame *f)
   return 0;
 }
 
-static int srv_on_header(osr__h2_conn_t *c, const nghttp2_frame *f, const uint8_t *name,
-                         size_t nl, const uint8_t *value, size_t vl)
+static int srv_on_header(osr__h2_conn_t *c, const nghttp2_frame *f, const uint8_t *name, size_t nl,
+                         const uint8_t *value, size_t vl)
 {
   static const char *const pseudo[PS_COUNT] = {":method", ":path", ":scheme", ":authority"};
   const osr_http_limits_t *l = &c->limits;
@@ -357,14 +357,14 @@ static void srv_on_closed(osr__h2_conn_t *c)
 }
 
 static const osr__h2_hooks_t srv_hooks = {
-  .on_begin_headers = srv_on_begin_headers,
-  .on_header = srv_on_header,
-  .on_headers = srv_on_headers,
-  .on_body = srv_on_body,
-  .on_write_done = srv_on_write_done,
-  .on_stream_done = srv_on_stream_done,
-  .on_timeout = srv_on_timeout,
-  .on_closed = srv_on_closed,
+    .on_begin_headers = srv_on_begin_headers,
+    .on_header = srv_on_header,
+    .on_headers = srv_on_headers,
+    .on_body = srv_on_body,
+    .on_write_done = srv_on_write_done,
+    .on_stream_done = srv_on_stream_done,
+    .on_timeout = srv_on_timeout,
+    .on_closed = srv_on_closed,
 };
 
 /* ---- request API ----------------------------------------------------------- */
@@ -457,12 +457,12 @@ static void h2_abort(osr_http_req_t *req)
 }
 
 static const osr_http_req_ops_t h2_req_ops = {
-  .respond = h2_respond,
-  .write = h2_write,
-  .hold = h2_hold,
-  .release = h2_release,
-  .abort = h2_abort,
-  .upgrade = NULL, /* osr_http_upgrade() answers OSR_EINVAL on HTTP/2 */
+    .respond = h2_respond,
+    .write = h2_write,
+    .hold = h2_hold,
+    .release = h2_release,
+    .abort = h2_abort,
+    .upgrade = NULL, /* osr_http_upgrade() answers OSR_EINVAL on HTTP/2 */
 };
 
 /* ---- entry points ---------------------------------------------------------- */

@@ -80,8 +80,8 @@ static int cli_on_begin_headers(osr__h2_conn_t *c, const nghttp2_frame *f)
   return 0;
 }
 
-static int cli_on_header(osr__h2_conn_t *c, const nghttp2_frame *f, const uint8_t *name,
-                         size_t nl, const uint8_t *value, size_t vl)
+static int cli_on_header(osr__h2_conn_t *c, const nghttp2_frame *f, const uint8_t *name, size_t nl,
+                         const uint8_t *value, size_t vl)
 {
   osr__h2_stream_t *st = nghttp2_session_get_stream_user_data(c->ng, f->hd.stream_id);
   const osr_http_limits_t *l = &c->limits;
@@ -231,14 +231,14 @@ static void cli_on_closed(osr__h2_conn_t *c)
 }
 
 static const osr__h2_hooks_t cli_hooks = {
-  .on_begin_headers = cli_on_begin_headers,
-  .on_header = cli_on_header,
-  .on_headers = cli_on_headers,
-  .on_body = cli_on_body,
-  .on_write_done = cli_on_write_done,
-  .on_stream_done = cli_on_stream_done,
-  .on_timeout = NULL, /* no bytes for idle_timeout_ms: fail with OSR_ETIMEDOUT */
-  .on_closed = cli_on_closed,
+    .on_begin_headers = cli_on_begin_headers,
+    .on_header = cli_on_header,
+    .on_headers = cli_on_headers,
+    .on_body = cli_on_body,
+    .on_write_done = cli_on_write_done,
+    .on_stream_done = cli_on_stream_done,
+    .on_timeout = NULL, /* no bytes for idle_timeout_ms: fail with OSR_ETIMEDOUT */
+    .on_closed = cli_on_closed,
 };
 
 /* ---- client API -------------------------------------------------------------- */
@@ -266,7 +266,7 @@ static int h2_request(osr_http_client_t *base, const osr_http_client_req_t *req,
   size_t n = 0;
   char clen[24];
 
-#define NV(k, v, vl) \
+#define NV(k, v, vl)                                                                               \
   (nghttp2_nv){(uint8_t *)(k), (uint8_t *)(v), sizeof(k) - 1, (vl), NGHTTP2_NV_FLAG_NONE}
   nva[n++] = NV(":method", req->method, strlen(req->method));
   nva[n++] = NV(":scheme", cl->is_tls ? "https" : "http", cl->is_tls ? 5 : 4);
@@ -299,12 +299,12 @@ static int h2_request(osr_http_client_t *base, const osr_http_client_req_t *req,
   nghttp2_data_provider prd;
   if (req->content_length != 0)
     osr__h2_data_provider(&r->st, &prd);
-  int32_t id = nghttp2_submit_request(c->ng, NULL, nva, n, req->content_length != 0 ? &prd : NULL,
-                                      &r->st);
+  int32_t id =
+      nghttp2_submit_request(c->ng, NULL, nva, n, req->content_length != 0 ? &prd : NULL, &r->st);
   osr_free(nva);
   if (id < 0) {
     osr_free(r);
-    return id == NGHTTP2_ERR_NOMEM ? OSR_ENOMEM
+    return id == NGHTTP2_ERR_NOMEM                     ? OSR_ENOMEM
            : id == NGHTTP2_ERR_STREAM_ID_NOT_AVAILABLE ? OSR_ECLOSED
                                                        : OSR_EINVAL;
   }
@@ -365,13 +365,13 @@ static void h2_client_close(osr_http_client_t *base)
 }
 
 static const osr_http_client_ops_t h2_client_ops = {
-  .version = 20,
-  .request = h2_request,
-  .write = h2_creq_write,
-  .hold = h2_creq_hold,
-  .release = h2_creq_release,
-  .cancel = h2_creq_cancel,
-  .close = h2_client_close,
+    .version = 20,
+    .request = h2_request,
+    .write = h2_creq_write,
+    .hold = h2_creq_hold,
+    .release = h2_creq_release,
+    .cancel = h2_creq_cancel,
+    .close = h2_client_close,
 };
 
 int osr__http2_client_new(osr_sock_t *s, const osr_http_client_t *base, osr_http_client_t **out)

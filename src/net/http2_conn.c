@@ -35,11 +35,11 @@
 #define MEM_INPUT_MAX (16u * 1024 * 1024)
 
 typedef struct seg_s {
-  const char *base;       /* NULL: `off` into the batch's own bytes */
+  const char *base; /* NULL: `off` into the batch's own bytes */
   size_t off;
   size_t len;
-  osr__h2_stream_t *st;   /* holds one `inflight` reference, or NULL */
-  int completes;          /* st's pending write completes with this batch */
+  osr__h2_stream_t *st; /* holds one `inflight` reference, or NULL */
+  int completes;        /* st's pending write completes with this batch */
 } seg_t;
 
 struct osr__h2_batch_s {
@@ -113,8 +113,8 @@ void osr__h2_lower(uint8_t *dst, const char *src, size_t n)
 int osr__h2_forbidden_header(const char *name, size_t n)
 {
   static const char *const bad[] = {
-    "connection", "keep-alive", "proxy-connection", "transfer-encoding",
-    "upgrade", "te", "host", "content-length",
+      "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
+      "te",         "host",       "content-length",
   };
   if (n != 0 && name[0] == ':')
     return 1;
@@ -416,16 +416,15 @@ static ssize_t on_read_data(nghttp2_session *ng, int32_t id, uint8_t *buf, size_
  * iovecs per byte. Capped at 32 KiB because nghttp2 grows a per-session
  * frame buffer to this size even though NO_COPY never fills it. */
 static ssize_t on_read_length(nghttp2_session *ng, uint8_t frame_type, int32_t stream_id,
-                              int32_t session_remote_window_size,
-                              int32_t stream_remote_window_size, uint32_t remote_max_frame_size,
-                              void *ud)
+                              int32_t session_remote_window_size, int32_t stream_remote_window_size,
+                              uint32_t remote_max_frame_size, void *ud)
 {
   (void)ng;
   (void)frame_type;
   (void)stream_id;
   (void)ud;
   int32_t w = session_remote_window_size < stream_remote_window_size ? session_remote_window_size
-                                                                      : stream_remote_window_size;
+                                                                     : stream_remote_window_size;
   if (w > (int32_t)remote_max_frame_size)
     w = (int32_t)remote_max_frame_size;
   if (w > 32 * 1024)
@@ -728,7 +727,8 @@ static void stream_finalize(osr__h2_stream_t *st)
   if (st->id > 0 && c->ng != NULL && !c->closed)
     nghttp2_session_set_stream_user_data(c->ng, st->id, NULL);
 
-  int err = st->status != 0 ? st->status : (c->close_status != 0 ? c->close_status : OSR_ECONNRESET);
+  int err =
+      st->status != 0 ? st->status : (c->close_status != 0 ? c->close_status : OSR_ECONNRESET);
   if (st->flags & OSR_H2_ST_W_ACTIVE)
     complete_write(st, err);
   if (!(st->flags & OSR_H2_ST_RX_DONE)) {
@@ -812,8 +812,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void *u
 }
 
 static int on_header(nghttp2_session *ng, const nghttp2_frame *f, const uint8_t *name,
-                     size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
-                     void *ud)
+                     size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags, void *ud)
 {
   osr__h2_conn_t *c = ud;
   (void)ng;
@@ -1006,10 +1005,10 @@ static void on_sock_drain(osr_sock_t *s)
 }
 
 static const osr_sock_events_t h2_sock_events = {
-  .on_read = on_sock_read,
-  .on_close = on_sock_close,
-  .on_timeout = on_sock_timeout,
-  .on_drain = on_sock_drain,
+    .on_read = on_sock_read,
+    .on_close = on_sock_close,
+    .on_timeout = on_sock_timeout,
+    .on_drain = on_sock_drain,
 };
 
 void osr__h2_conn_drain(osr__h2_conn_t *c)

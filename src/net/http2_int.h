@@ -45,7 +45,7 @@
 /* Pull no more frames and stop reading the socket once this many bytes are
  * queued for writing; read again below OSR_H2_OUT_LOW. */
 #define OSR_H2_OUT_HIGH (256 * 1024)
-#define OSR_H2_OUT_LOW (64 * 1024)
+#define OSR_H2_OUT_LOW  (64 * 1024)
 
 typedef struct osr__h2_conn_s osr__h2_conn_t;
 typedef struct osr__h2_stream_s osr__h2_stream_t;
@@ -57,8 +57,8 @@ typedef struct osr__h2_pin_s osr__h2_pin_t;
 typedef struct osr__h2_hooks_s {
   /* nghttp2 header callbacks, passed through (return 0 or an nghttp2 error). */
   int (*on_begin_headers)(osr__h2_conn_t *c, const nghttp2_frame *f);
-  int (*on_header)(osr__h2_conn_t *c, const nghttp2_frame *f, const uint8_t *name,
-                   size_t namelen, const uint8_t *value, size_t valuelen);
+  int (*on_header)(osr__h2_conn_t *c, const nghttp2_frame *f, const uint8_t *name, size_t namelen,
+                   const uint8_t *value, size_t valuelen);
   /** A HEADERS frame (with its CONTINUATIONs) was received for `st`. */
   int (*on_headers)(osr__h2_conn_t *c, const nghttp2_frame *f, osr__h2_stream_t *st);
   /** Incoming body: a chunk (status 0, the hook may call osr__h2_hold()),
@@ -112,16 +112,16 @@ struct osr__h2_stream_s {
   size_t w_niov;
   size_t w_idx, w_off; /* send cursor into w_iov */
   uint64_t w_total, w_framed, w_sent;
-  uint64_t out_bytes;  /* total body bytes written so far */
+  uint64_t out_bytes; /* total body bytes written so far */
 
   /* incoming body */
-  osr__h2_pin_t *pin;  /* read buffer of the held chunk (NULL: held_buf) */
-  size_t held_len;     /* bytes to credit on release */
-  osr_buf_t held_buf;  /* held chunk that came from the backlog */
-  osr_buf_t backlog;   /* body received while holding (copied) */
+  osr__h2_pin_t *pin; /* read buffer of the held chunk (NULL: held_buf) */
+  size_t held_len;    /* bytes to credit on release */
+  osr_buf_t held_buf; /* held chunk that came from the backlog */
+  osr_buf_t backlog;  /* body received while holding (copied) */
   uint64_t rx_bytes;
-  int64_t rx_expect;    /* content-length of the incoming body, -1 unknown */
-  uint32_t rst_gen;     /* RST_AFTER: reset when this PING is acked */
+  int64_t rx_expect; /* content-length of the incoming body, -1 unknown */
+  uint32_t rst_gen;  /* RST_AFTER: reset when this PING is acked */
 };
 
 struct osr__h2_batch_s;
@@ -136,10 +136,10 @@ struct osr__h2_conn_s {
   osr__h2_stream_t *streams; /* live (not finalised) streams */
   size_t nstreams;
 
-  osr__h2_batch_t *cur;      /* frames collected by the running flush */
-  osr__h2_batch_t *pending;  /* memory mode / refused by the socket: FIFO */
-  size_t batches_inflight;   /* submitted, completion not yet seen */
-  size_t queued;             /* bytes of those batches */
+  osr__h2_batch_t *cur;     /* frames collected by the running flush */
+  osr__h2_batch_t *pending; /* memory mode / refused by the socket: FIFO */
+  size_t batches_inflight;  /* submitted, completion not yet seen */
+  size_t queued;            /* bytes of those batches */
   int flushing, want_flush, in_recv;
   int close_req;    /* close once the running recv/flush returns */
   int closing;      /* closing: nothing new is written */

@@ -26,11 +26,11 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-#define NGET 8
-#define NECHO 4
+#define NGET     8
+#define NECHO    4
 #define ECHO_LEN (2u * 1024 * 1024)
-#define SLICE (64u * 1024)
-#define NREQ (NGET + NECHO + 2)
+#define SLICE    (64u * 1024)
+#define NREQ     (NGET + NECHO + 2)
 
 typedef struct rq_s {
   char name[64];
@@ -130,7 +130,8 @@ static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, vo
     return;
   }
   for (size_t i = 0; i < chunk->len && !q->bad; i++) {
-    unsigned char want = q->kind == 1 ? (unsigned char)q->data[q->got + i] : pat(q->got + i, q->seed);
+    unsigned char want =
+        q->kind == 1 ? (unsigned char)q->data[q->got + i] : pat(q->got + i, q->seed);
     if ((unsigned char)chunk->base[i] != want)
       q->bad = 1;
   }
@@ -152,7 +153,8 @@ static void upload_next(osr_http_creq_t *r, int status, void *arg)
   if (status != 0)
     return; /* on_body reports it */
   size_t n = ECHO_LEN - q->off > SLICE ? SLICE : ECHO_LEN - q->off;
-  osr_iovec_t iov[2] = {osr_iov(q->data + q->off, n / 2), osr_iov(q->data + q->off + n / 2, n - n / 2)};
+  osr_iovec_t iov[2] = {osr_iov(q->data + q->off, n / 2),
+                        osr_iov(q->data + q->off + n / 2, n - n / 2)};
   q->off += n;
   int end = q->off == ECHO_LEN;
   int rv = osr_http_creq_write(r, iov, 2, end, end ? NULL : upload_next, q);

@@ -78,7 +78,7 @@ static size_t request(uint8_t *out, int with_preface, uint32_t sid, const char *
 typedef struct out_s {
   uint8_t bytes[1 << 20];
   size_t len;
-  int saw_base;          /* an iovec pointed at `watch` */
+  int saw_base; /* an iovec pointed at `watch` */
   const char *watch;
   size_t batches;
 } out_t;
@@ -104,9 +104,11 @@ static int count_frames(uint8_t type, long sid, size_t *payload)
   int n = 0;
   size_t off = 0, pl = 0;
   while (off + 9 <= out.len && off + 9 <= sizeof(out.bytes)) {
-    size_t len = ((size_t)out.bytes[off] << 16) | ((size_t)out.bytes[off + 1] << 8) | out.bytes[off + 2];
-    uint32_t s = ((uint32_t)(out.bytes[off + 5] & 0x7f) << 24) | ((uint32_t)out.bytes[off + 6] << 16) |
-                 ((uint32_t)out.bytes[off + 7] << 8) | out.bytes[off + 8];
+    size_t len =
+        ((size_t)out.bytes[off] << 16) | ((size_t)out.bytes[off + 1] << 8) | out.bytes[off + 2];
+    uint32_t s = ((uint32_t)(out.bytes[off + 5] & 0x7f) << 24) |
+                 ((uint32_t)out.bytes[off + 6] << 16) | ((uint32_t)out.bytes[off + 7] << 8) |
+                 out.bytes[off + 8];
     if (out.bytes[off + 3] == type && (sid < 0 || (uint32_t)sid == s)) {
       n++;
       pl += len;
@@ -342,11 +344,11 @@ int main(void)
 {
   osr_log_set_level(OSR_LOG_OFF);
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_get_zero_copy_and_write_cb_after_socket),
-    cmocka_unit_test(test_hold_withholds_window_update),
-    cmocka_unit_test(test_lost_with_held_chunk_and_pending_write),
-    cmocka_unit_test(test_output_stops_at_high_watermark),
-    cmocka_unit_test(test_header_caps_answer_431),
+      cmocka_unit_test(test_get_zero_copy_and_write_cb_after_socket),
+      cmocka_unit_test(test_hold_withholds_window_update),
+      cmocka_unit_test(test_lost_with_held_chunk_and_pending_write),
+      cmocka_unit_test(test_output_stops_at_high_watermark),
+      cmocka_unit_test(test_header_caps_answer_431),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
