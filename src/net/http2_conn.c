@@ -866,7 +866,9 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
     if (st != NULL && (f->hd.flags & NGHTTP2_FLAG_END_STREAM) &&
         !(st->flags & OSR_H2_ST_FINALIZED)) {
       st->flags |= OSR_H2_ST_RX_END;
-      rx_pump(st);
+      /* An aborted/reset stream gets its error at finalisation, not EOF. */
+      if (st->status == 0)
+        rx_pump(st);
     }
     break;
   case NGHTTP2_RST_STREAM:
