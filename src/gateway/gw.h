@@ -61,6 +61,23 @@ void osr_gw_config_dispose(osr_gw_config_t *cfg);
 /** The flags/env table as help text (for --help and docs). */
 void osr_gw_config_usage(FILE *f, const char *prog);
 
+/** The effective configuration as JSON (the YAML schema's shape, every
+ *  default filled in) with every secret replaced: the admin key and resolved
+ *  {env:}/{file:} credentials show as {"env"|"file": NAME, "value":
+ *  "<redacted>"}, provider string values whose key looks secret ("key",
+ *  "token", "secret", "password", ...) as "<redacted>", and passwords inside
+ *  store/Redis URLs as "<redacted>". For `osr doctor`, `osr serve
+ *  --print-config` and debug output. Returns a new reference. */
+json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg);
+
+/** The bounded YAML reader behind osr_gw_config_load, exposed for tests and
+ *  the fuzzer: one YAML document of at most 1 MiB, nesting <= 32, <= 10,000
+ *  nodes, no anchors/aliases/custom tags; plain scalars typed by the YAML 1.2
+ *  core schema, quoted ones are strings. Returns 0 and *out (a new
+ *  reference; JSON null for an empty document) or OSR_EINVAL with
+ *  "line N: what" in err (OSR_ENOMEM if libyaml could not start). */
+int osr_gw_config_parse_yaml(const char *buf, size_t len, json_t **out, char *err, size_t errlen);
+
 typedef struct osr_providers_s osr_providers_t; /* gateway/providers.h */
 typedef struct osr_metrics_s osr_metrics_t;     /* gateway/metrics.h */
 typedef struct osr_reaper_s osr_reaper_t;       /* gateway/reaper.h */
