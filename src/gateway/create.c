@@ -1,0 +1,1065 @@
+/*
+ * POST /v1/sandboxes: the create flow with failover, idempotent replays, and
+ * crash recovery of creates that a previous process left half done.
+ *
+ * The order of writes is what makes creates crash-safe:
+ *   1. the intent row (state creating, idempotency key, first provider,
+ *      attempt 1) is durable BEFORE any provider is called;
+ *   2. before each provider call the row names that provider and attempt,
+ *      so a restart knows where to look;
+ *   3. every resource a provider creates carries our sandbox id as a label.
+ * After a crash osr_gw_recover() lists the rows still creating, asks each
+ * provider which resources carry our label, adopts the one that matches the
+ * row's provider and destroys everything else. Nothing is created twice
+ * (the unique (tenant, key) row is the only way to a provider call) and
+ * nothing leaks (every resource is findable by its label).
+ *
+ * A provider call cannot be cancelled through the adapter interface, so a
+ * call that outlives its time budget is abandoned, not forgotten: its
+ * attempt record stays alive until the adapter's callback fires, and a
+ * sandbox that arrives that late is destroyed.
+ *
+ * Concurrent requests with one Idempotency-Key: the store lets exactly one
+ * insert win; the others get that row back. While it is still being created
+ * in this process they wait on it (in-process list), else they poll the
+ * store every 50 ms up to the create deadline (another gateway creating it).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/api.h"
+#include "gateway/metrics.h"
+#include "gateway/sandboxes.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define MOD "create"
+#define POLL_MS 50
+
+typedef struct create_s create_t;
+
+/* One provider call. Outlives the create when abandoned (c == NULL). */
+typedef struct attempt_s {
+  create_t *c;
+  osr_gw_t *gw;
+  osr_provider_t *p;
+  size_t pidx;
+  uint64_t started_ms;
+} attempt_t;
+
+typedef struct waiter_s {
+  osr_gw_call_t *call;
+  struct waiter_s *next;
+} waiter_t;
+
+struct create_s {
+  osr_gw_t *gw;
+  osr_gw_call_t *call;
+  osr__sbx_req_t req;
+  osr_binding_t b;
+  osr_candidate_t *cands;
+  size_t ncands, neligible, next;
+  json_t *attempts;            /* [{provider, error, message, latencyMs}] */
+  uint64_t started_ms;
+  int64_t deadline_ms;
+  int nattempts;               /* provider calls made */
+  attempt_t *att;              /* the call in flight, or NULL */
+  uv_timer_t timer;            /* the in-flight call's time budget */
+  waiter_t *waiters;
+  int registered;
+  create_t *prev_c, *next_c;
+  /* the final answer, replayed to waiters */
+  int status;
+  const char *code;
+  char message[256];
+  json_t *details;
+};
+
+/* Creates in flight in this process. One loop per gateway, so a plain list
+ * owned by the loop thread; entries are matched by (gw, id). */
+static create_t *inflight;
+
+int osr__create_in_flight(osr_gw_t *gw, const char *id)
+{
+  for (create_t *c = inflight; c != NULL; c = c->next_c)
+    if (c->gw == gw && strcmp(c->b.id, id) == 0)
+      return 1;
+  return 0;
+}
+
+static create_t *find_inflight(osr_gw_t *gw, const char *id)
+{
+  for (create_t *c = inflight; c != NULL; c = c->next_c)
+    if (c->gw == gw && strcmp(c->b.id, id) == 0)
+      return c;
+  return NULL;
+}
+
+void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant)
+{
+  memset(a, 0, sizeof(*a));
+  snprintf(a->tenant, sizeof(a->tenant), "%s", tenant ? tenant : "");
+  snprintf(a->key_id, sizeof(a->key_id), "%s", actor);
+  a->role = OSR_ROLE_ADMIN;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Background destroy                                                        */
+
+typedef struct bgd_s {
+  char provider_id[128];
+} bgd_t;
+
+static void bg_destroyed(osr_provider_t *p, int status, void *data)
+{
+  bgd_t *d = data;
+  if (status != 0 && status != OSR_PERR_NOT_FOUND)
+    OSR_LOG_WARN(MOD, "%s: destroying %s failed: %s", p->name, d->provider_id,
+                 osr_provider_err_name(status));
+  osr_free(d);
+}
+
+void osr__destroy_bg(osr_gw_t *gw, osr_provider_t *p, const char *provider_id)
+{
+  (void)gw;
+  if (p == NULL || provider_id == NULL || provider_id[0] == '\0')
+    return;
+  bgd_t *d = osr_xcalloc(1, sizeof(*d));
+  snprintf(d->provider_id, sizeof(d->provider_id), "%s", provider_id);
+  int rv = p->adapter->destroy(p, d->provider_id, bg_destroyed, d);
+  if (rv != 0)
+    bg_destroyed(p, rv, d);
+}
+
+int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const osr_resource_t *res,
+                           const char **why)
+{
+  if (b == NULL) {
+    *why = "no binding";
+    return 0;
+  }
+  if (b->state == OSR_BINDING_ENDED || b->state == OSR_BINDING_FAILED ||
+      b->state == OSR_BINDING_LOST) {
+    *why = "binding is over";
+    return 0;
+  }
+  if (strcmp(b->provider, provider) != 0) {
+    /* An earlier attempt that answered after we moved on. */
+    *why = "binding lives on another provider";
+    return 0;
+  }
+  if (b->state == OSR_BINDING_CREATING)
+    return 1;
+  if (b->provider_id[0] != '\0' && strcmp(b->provider_id, res->provider_id) != 0) {
+    *why = "binding points at another resource";
+    return 0;
+  }
+  return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Answers                                                                   */
+
+/* Answer a call from a binding that is already settled (idempotent replay,
+ * waiters): the sandbox, or the failure recorded with it. */
+static void reply_settled(osr_gw_t *gw, osr_gw_call_t *call, const osr_binding_t *b, int ok_status)
+{
+  if (b->state == OSR_BINDING_FAILED) {
+    json_t *e = b->error_json ? json_loads(b->error_json, 0, NULL) : NULL;
+    const char *code = e ? json_string_value(json_object_get(e, "code")) : NULL;
+    const char *msg = e ? json_string_value(json_object_get(e, "message")) : NULL;
+    int st = code && strcmp(code, "no_capable_provider") == 0 ? 422 : 502;
+    json_t *details = json_object();
+    if (e != NULL) {
+      json_t *v;
+      if ((v = json_object_get(e, "attempts")) != NULL)
+        json_object_set(details, "attempts", v);
+      if ((v = json_object_get(e, "providers")) != NULL)
+        json_object_set(details, "providers", v);
+    }
+    json_object_set_new(details, "sandboxId", json_string(b->id));
+    osr_gw_error(call, st, code ? code : "all_providers_failed",
+                 msg ? msg : "the create failed", details);
+    json_decref(e);
+    return;
+  }
+  if (b->state == OSR_BINDING_CREATING) {
+    osr_gw_error(call, 503, "unavailable",
+                 "a create with this Idempotency-Key is still in progress; retry later",
+                 json_pack("{s:s}", "sandboxId", b->id));
+    return;
+  }
+  osr_gw_reply(call, ok_status, osr_gw_sandbox_json(gw, b, 1));
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+  create_t *c = h->data;
+  osr_free(c);
+}
+
+static void create_free(create_t *c)
+{
+  if (c->registered) {
+    if (c->prev_c)
+      c->prev_c->next_c = c->next_c;
+    else
+      inflight = c->next_c;
+    if (c->next_c)
+      c->next_c->prev_c = c->prev_c;
+    c->registered = 0;
+  }
+  if (c->gw->inflight_creates > 0)
+    c->gw->inflight_creates--;
+  osr__sbx_req_dispose(&c->req);
+  osr_binding_dispose(&c->b);
+  json_decref(c->attempts);
+  json_decref(c->details);
+  osr_free(c->cands);
+  uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+/* Send the final answer to the caller and every waiter, then free. */
+static void create_finish(create_t *c)
+{
+  osr_gw_t *gw = c->gw;
+  osr_metrics_t *m = gw->metrics;
+  if (m != NULL)
+    osr_metrics_create_done(m, c->nattempts, (osr_now_ms() - c->started_ms) * 1000);
+  if (c->status == 201) {
+    osr_gw_reply(c->call, 201, osr_gw_sandbox_json(gw, &c->b, 1));
+  } else {
+    osr_gw_error(c->call, c->status, c->code, c->message,
+                 c->details ? json_deep_copy(c->details) : NULL);
+  }
+  osr_gw_call_release(c->call);
+  c->call = NULL;
+  while (c->waiters != NULL) {
+    waiter_t *w = c->waiters;
+    c->waiters = w->next;
+    if (c->status == 201)
+      osr_gw_reply(w->call, 200, osr_gw_sandbox_json(gw, &c->b, 1));
+    else
+      osr_gw_error(w->call, c->status, c->code, c->message,
+                   c->details ? json_deep_copy(c->details) : NULL);
+    osr_gw_call_release(w->call);
+    osr_free(w);
+  }
+  create_free(c);
+}
+
+static void set_answer(create_t *c, int status, const char *code, const char *msg, json_t *details)
+{
+  c->status = status;
+  c->code = code;
+  snprintf(c->message, sizeof(c->message), "%s", msg);
+  json_decref(c->details);
+  c->details = details;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Failure                                                                   */
+
+static void failed_stored(int status, void *data)
+{
+  create_t *c = data;
+  if (status != 0)
+    OSR_LOG_WARN(MOD, "%s: recording the failure: %s", c->b.id, osr_strerror(status));
+  create_finish(c);
+}
+
+/* Every candidate failed (or a non-retryable error stopped us): record the
+ * binding as failed with the attempts, then answer 502. */
+static void create_fail(create_t *c, const char *code, int http_status, const char *msg,
+                        json_t *details)
+{
+  osr_gw_t *gw = c->gw;
+  int64_t now = osr_now_ms();
+  json_t *err = json_pack("{s:s,s:s}", "code", code, "message", msg);
+  json_object_update(err, details);
+  c->b.state = OSR_BINDING_FAILED;
+  c->b.updated_ms = now;
+  c->b.ended_ms = now;
+  snprintf(c->b.end_reason, sizeof(c->b.end_reason), "failed: %s", code);
+  osr_free(c->b.error_json);
+  char *s = json_dumps(err, JSON_COMPACT);
+  c->b.error_json = s ? osr_xstrdup(s) : NULL;
+  osr_json_free(s);
+  json_decref(err);
+  json_object_set_new(details, "sandboxId", json_string(c->b.id));
+  set_answer(c, http_status, code, msg, details);
+  osr_gw_audit(gw, &c->call->auth, "create", c->b.id, code, json_deep_copy(details));
+  int rv = osr_store_update(gw->store, &c->b, failed_stored, c);
+  if (rv != 0)
+    failed_stored(rv, c);
+}
+
+static void fail_all(create_t *c, const char *why)
+{
+  char msg[256];
+  snprintf(msg, sizeof(msg), "%s (%zu attempt%s)", why, json_array_size(c->attempts),
+           json_array_size(c->attempts) == 1 ? "" : "s");
+  create_fail(c, "all_providers_failed", 502, msg,
+              json_pack("{s:O}", "attempts", c->attempts));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Attempts                                                                  */
+
+static void next_attempt(create_t *c);
+
+static void add_attempt(create_t *c, const char *provider, const char *error, const char *message,
+                        uint64_t latency_ms)
+{
+  json_array_append_new(c->attempts,
+                        json_pack("{s:s,s:s,s:s,s:I}", "provider", provider, "error", error,
+                                  "message", message, "latencyMs", (json_int_t)latency_ms));
+}
+
+static void record_outcome(create_t *c, attempt_t *a, int status, uint64_t latency_ms)
+{
+  osr_gw_t *gw = c->gw;
+  osr_provider_health_t *h = osr_providers_health(gw->providers, a->pidx);
+  if (h != NULL)
+    osr_provider_health_record(h, status, (double)latency_ms, osr_now_ms());
+  if (gw->metrics != NULL)
+    osr_metrics_create(gw->metrics, a->p->name, status == 0 ? "ok" : osr_provider_err_name(status));
+}
+
+static void success_stored(int status, void *data)
+{
+  create_t *c = data;
+  osr_gw_t *gw = c->gw;
+  if (status != 0) {
+    /* The sandbox exists but its binding could not be made durable. Do not
+     * hand out something the store does not know: destroy it; the intent
+     * row (still creating) is resolved by recovery. */
+    osr__destroy_bg(gw, osr_providers_find(gw->providers, c->b.provider, NULL), c->b.provider_id);
+    set_answer(c, 503, "unavailable", "the binding store is unavailable", NULL);
+    osr_gw_audit(gw, &c->call->auth, "create", c->b.id, "unavailable", NULL);
+    create_finish(c);
+    return;
+  }
+  osr__cache_put(gw, &c->b);
+  osr_gw_audit(gw, &c->call->auth, "create", c->b.id, "ok",
+               json_pack("{s:s,s:s,s:i}", "provider", c->b.provider, "providerId",
+                         c->b.provider_id, "attempt", c->b.attempt));
+  set_answer(c, 201, NULL, "", NULL);
+  create_finish(c);
+}
+
+static void on_created(osr_provider_t *p, int status, const osr_resource_t *res, void *data)
+{
+  attempt_t *a = data;
+  create_t *c = a->c;
+  if (c == NULL) {
+    /* Abandoned after its time budget: the create moved on, so whatever
+     * arrives now is not ours to keep. */
+    if (status == 0 && res != NULL)
+      osr__destroy_bg(a->gw, p, res->provider_id);
+    osr_free(a);
+    return;
+  }
+  uv_timer_stop(&c->timer);
+  c->att = NULL;
+  uint64_t lat = (uint64_t)(osr_now_ms() - (int64_t)a->started_ms);
+  char why[200];
+
+  if (status == 0 && res != NULL && !osr__caps_cover(&c->req.caps, &res->granted, why, sizeof(why))) {
+    /* A dishonest manifest: never answer with less than was asked. */
+    osr__destroy_bg(c->gw, p, res->provider_id);
+    record_outcome(c, a, OSR_PERR_BOOT_FAILED, lat);
+    add_attempt(c, p->name, "insufficient", why, lat);
+    osr_free(a);
+    next_attempt(c);
+    return;
+  }
+  if (status != 0 || res == NULL) {
+    if (status == 0)
+      status = OSR_PERR_UNAVAILABLE;
+    record_outcome(c, a, status, lat);
+    add_attempt(c, p->name, osr_provider_err_name(status), osr_strerror(status), lat);
+    osr_free(a);
+    if (osr_provider_err_retryable(status))
+      next_attempt(c);
+    else
+      fail_all(c, "a provider refused the request");
+    return;
+  }
+  record_outcome(c, a, 0, lat);
+  osr_free(a);
+
+  int64_t now = osr_now_ms();
+  osr_binding_t *b = &c->b;
+  snprintf(b->provider_id, sizeof(b->provider_id), "%s", res->provider_id);
+  if (res->region[0])
+    snprintf(b->region, sizeof(b->region), "%s", res->region);
+  if (res->isolation != OSR_ISO_NONE)
+    b->isolation = res->isolation;
+  snprintf(b->agent_endpoint, sizeof(b->agent_endpoint), "%s", res->agent_endpoint);
+  b->state = OSR_BINDING_RUNNING;
+  b->updated_ms = now;
+  b->expires_ms = now + (int64_t)c->req.timeout_s * 1000;
+  b->last_activity_ms = now;
+  json_t *g = osr__caps_to_json(&res->granted);
+  char *s = json_dumps(g, JSON_COMPACT);
+  json_decref(g);
+  osr_free(b->granted_json);
+  b->granted_json = s ? osr_xstrdup(s) : NULL;
+  osr_json_free(s);
+  int rv = osr_store_update(c->gw->store, b, success_stored, c);
+  if (rv != 0)
+    success_stored(rv, c);
+}
+
+static void on_attempt_timeout(uv_timer_t *t)
+{
+  create_t *c = t->data;
+  attempt_t *a = c->att;
+  if (a == NULL)
+    return;
+  a->c = NULL; /* on_created frees it when the adapter finally answers */
+  c->att = NULL;
+  uint64_t lat = (uint64_t)(osr_now_ms() - (int64_t)a->started_ms);
+  record_outcome(c, a, OSR_PERR_TIMEOUT, lat);
+  add_attempt(c, a->p->name, osr_provider_err_name(OSR_PERR_TIMEOUT), "no answer in time", lat);
+  next_attempt(c);
+}
+
+static void call_provider(create_t *c)
+{
+  osr_gw_t *gw = c->gw;
+  osr_candidate_t *cand = &c->cands[c->next - 1];
+  osr_provider_t *p = cand->provider;
+  size_t pidx = 0;
+  (void)osr_providers_find(gw->providers, p->name, &pidx);
+  osr_provider_health_t *h = osr_providers_health(gw->providers, pidx);
+  int64_t now = osr_now_ms();
+
+  /* The breaker may have opened while the store write ran; in half-open this
+   * reserves the probe that record_outcome() releases. */
+  if (h != NULL && !osr_breaker_allow(&h->breaker, now)) {
+    add_attempt(c, p->name, "circuit_open", "the provider's circuit breaker is open", 0);
+    next_attempt(c);
+    return;
+  }
+  attempt_t *a = osr_xcalloc(1, sizeof(*a));
+  a->c = c;
+  a->gw = gw;
+  a->p = p;
+  a->pidx = pidx;
+  a->started_ms = (uint64_t)now;
+  c->nattempts++;
+
+  osr_sandbox_spec_t spec;
+  memset(&spec, 0, sizeof(spec));
+  spec.sandbox_id = c->b.id;
+  spec.tenant = c->b.tenant;
+  spec.template_id = c->req.template_id;
+  spec.caps = c->req.caps;
+  spec.isolation = cand->isolation;
+  spec.region = cand->region;
+  spec.timeout_s = c->req.timeout_s;
+  spec.env = c->req.env;
+  spec.metadata = c->req.metadata;
+
+  int64_t left = c->deadline_ms - now;
+  uint64_t budget = left < OSR_CREATE_ATTEMPT_MS ? (uint64_t)(left > 0 ? left : 1)
+                                                 : OSR_CREATE_ATTEMPT_MS;
+  c->att = a;
+  int rv = p->adapter->create(p, &spec, on_created, a);
+  if (rv != 0) {
+    c->att = NULL;
+    a->c = c;
+    on_created(p, rv, NULL, a);
+    return;
+  }
+  uv_timer_start(&c->timer, on_attempt_timeout, budget, 0);
+}
+
+static void attempt_stored(int status, void *data)
+{
+  create_t *c = data;
+  if (status != 0) {
+    /* Without the durable record of where we are about to create, a crash
+     * could leak the sandbox: do not call the provider. The row stays
+     * creating and names the previous provider, which recovery resolves. */
+    set_answer(c, 503, "unavailable", "the binding store is unavailable", NULL);
+    osr_gw_audit(c->gw, &c->call->auth, "create", c->b.id, "unavailable", NULL);
+    create_finish(c);
+    return;
+  }
+  call_provider(c);
+}
+
+static void next_attempt(create_t *c)
+{
+  osr_gw_t *gw = c->gw;
+  int64_t now = osr_now_ms();
+  while (c->next < c->neligible) {
+    if (now >= c->deadline_ms) {
+      fail_all(c, "the create deadline passed");
+      return;
+    }
+    osr_candidate_t *cand = &c->cands[c->next++];
+    size_t pidx = 0;
+    (void)osr_providers_find(gw->providers, cand->provider->name, &pidx);
+    osr_provider_health_t *h = osr_providers_health(gw->providers, pidx);
+    if (h != NULL && !osr_breaker_peek(&h->breaker, now)) {
+      add_attempt(c, cand->provider->name, "circuit_open",
+                  "the provider's circuit breaker is open", 0);
+      continue;
+    }
+    /* The first attempt's provider is already in the intent row. */
+    int first = c->nattempts == 0 && strcmp(c->b.provider, cand->provider->name) == 0;
+    snprintf(c->b.provider, sizeof(c->b.provider), "%s", cand->provider->name);
+    snprintf(c->b.region, sizeof(c->b.region), "%s", cand->region);
+    c->b.isolation = cand->isolation;
+    c->b.attempt = c->nattempts + 1;
+    c->b.updated_ms = now;
+    if (first) {
+      call_provider(c);
+      return;
+    }
+    int rv = osr_store_update(gw->store, &c->b, attempt_stored, c);
+    if (rv != 0)
+      attempt_stored(rv, c);
+    return;
+  }
+  fail_all(c, "every capable provider failed");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Idempotent replays                                                        */
+
+typedef struct poll_s {
+  uv_timer_t timer;
+  osr_gw_call_t *call;
+  char tenant[OSR_TENANT_MAX];
+  char id[OSR_ID_MAX];
+  int64_t until_ms;
+} poll_t;
+
+static void poll_closed(uv_handle_t *h)
+{
+  osr_free(h->data);
+}
+
+static void poll_tick(uv_timer_t *t);
+
+static void poll_got(int status, const osr_binding_t *b, int created, void *data)
+{
+  poll_t *p = data;
+  osr_gw_t *gw = p->call->gw;
+  (void)created;
+  if (status != 0) {
+    osr_gw_error_from(p->call, status, "sandbox");
+  } else if (b->state == OSR_BINDING_CREATING) {
+    create_t *c = find_inflight(gw, b->id);
+    if (c != NULL) {
+      /* It is ours after all: wait on it instead of polling. */
+      waiter_t *w = osr_xcalloc(1, sizeof(*w));
+      w->call = p->call;
+      w->next = c->waiters;
+      c->waiters = w;
+      uv_close((uv_handle_t *)&p->timer, poll_closed);
+      return;
+    }
+    if (osr_now_ms() < p->until_ms) {
+      uv_timer_start(&p->timer, poll_tick, POLL_MS, 0);
+      return;
+    }
+    reply_settled(gw, p->call, b, 200);
+  } else {
+    reply_settled(gw, p->call, b, 200);
+  }
+  osr_gw_call_release(p->call);
+  uv_close((uv_handle_t *)&p->timer, poll_closed);
+}
+
+static void poll_tick(uv_timer_t *t)
+{
+  poll_t *p = t->data;
+  int rv = osr_store_get(p->call->gw->store, p->tenant, p->id, poll_got, p);
+  if (rv != 0)
+    poll_got(rv == OSR_ECLOSED ? OSR_EUNAVAILABLE : rv, NULL, 0, p);
+}
+
+/* A second request with a key whose row exists and has the same body. */
+static void replay(osr_gw_t *gw, osr_gw_call_t *call, const osr_binding_t *b)
+{
+  if (b->state != OSR_BINDING_CREATING) {
+    reply_settled(gw, call, b, 200);
+    return;
+  }
+  osr_gw_call_hold(call);
+  create_t *c = find_inflight(gw, b->id);
+  if (c != NULL) {
+    waiter_t *w = osr_xcalloc(1, sizeof(*w));
+    w->call = call;
+    w->next = c->waiters;
+    c->waiters = w;
+    return;
+  }
+  poll_t *p = osr_xcalloc(1, sizeof(*p));
+  p->call = call;
+  snprintf(p->tenant, sizeof(p->tenant), "%s", b->tenant);
+  snprintf(p->id, sizeof(p->id), "%s", b->id);
+  p->until_ms = b->created_ms + OSR_CREATE_DEADLINE_MS + 5000;
+  if (p->until_ms < osr_now_ms() + POLL_MS)
+    p->until_ms = osr_now_ms() + POLL_MS;
+  uv_timer_init(gw->loop, &p->timer);
+  p->timer.data = p;
+  uv_timer_start(&p->timer, poll_tick, POLL_MS, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Start                                                                     */
+
+static void intent_done(int status, const osr_binding_t *b, int created, void *data)
+{
+  create_t *c = data;
+  osr_gw_t *gw = c->gw;
+  if (status != 0) {
+    set_answer(c, status == OSR_EUNAVAILABLE || status == OSR_ECLOSED ? 503 : 500,
+               status == OSR_EUNAVAILABLE || status == OSR_ECLOSED ? "unavailable" : "internal",
+               status == OSR_EUNAVAILABLE || status == OSR_ECLOSED
+                   ? "the binding store is unavailable"
+                   : "recording the create failed",
+               NULL);
+    create_finish(c);
+    return;
+  }
+  if (!created) {
+    osr_gw_call_t *call = c->call;
+    if (strcmp(b->request_hash, c->b.request_hash) != 0) {
+      osr_gw_error(call, 409, "idempotency_conflict",
+                   "this Idempotency-Key was used with a different request body",
+                   json_pack("{s:s}", "sandboxId", b->id));
+    } else {
+      replay(gw, call, b);
+    }
+    osr_gw_call_release(call);
+    c->call = NULL;
+    create_free(c);
+    return;
+  }
+  if (c->neligible == 0) {
+    size_t np = osr_providers_count(gw->providers);
+    json_t *plan = osr_plan_to_json(c->cands, np, 0);
+    json_t *prov = json_object_get(plan, "providers");
+    json_t *details = json_pack("{s:O}", "providers", prov ? prov : plan);
+    json_decref(plan);
+    create_fail(c, "no_capable_provider", 422, "no provider can host this sandbox", details);
+    return;
+  }
+  /* Registered only now: before the row exists there is nothing to wait on. */
+  c->registered = 1;
+  c->next_c = inflight;
+  if (inflight)
+    inflight->prev_c = c;
+  inflight = c;
+  next_attempt(c);
+}
+
+void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *idem_key)
+{
+  osr_gw_t *gw = call->gw;
+  create_t *c = osr_xcalloc(1, sizeof(*c));
+  c->gw = gw;
+  c->call = call;
+  c->req = *req;
+  osr_binding_init(&c->b);
+  c->started_ms = (uint64_t)osr_now_ms();
+  c->deadline_ms = (int64_t)c->started_ms + OSR_CREATE_DEADLINE_MS;
+  c->attempts = json_array();
+  uv_timer_init(gw->loop, &c->timer);
+  c->timer.data = c;
+  gw->inflight_creates++;
+  osr_gw_call_hold(call);
+
+  /* The canonical request: sorted keys, no whitespace, so the same body
+   * hashes the same whichever way the client serialised it. */
+  json_t *body = call->body ? json_incref(call->body) : json_object();
+  char *canon = json_dumps(body, JSON_SORT_KEYS | JSON_COMPACT);
+  json_decref(body);
+  if (canon == NULL) {
+    set_answer(c, 500, "internal", "out of memory", NULL);
+    create_finish(c);
+    return;
+  }
+
+  size_t np = osr_providers_count(gw->providers);
+  c->cands = osr_xcalloc(np ? np : 1, sizeof(*c->cands));
+  c->ncands = np;
+  c->neligible = osr__sbx_place(gw, &c->req, c->cands);
+
+  if (c->neligible == 0 && idem_key[0] == '\0') {
+    /* Refused before anything was written: there is nothing to replay and
+     * nothing to recover. The refusal is still audited. */
+    json_t *plan = osr_plan_to_json(c->cands, np, 0);
+    json_t *prov = json_object_get(plan, "providers");
+    set_answer(c, 422, "no_capable_provider", "no provider can host this sandbox",
+               json_pack("{s:O}", "providers", prov ? prov : plan));
+    json_decref(plan);
+    osr_gw_audit(gw, &call->auth, "create", "", "no_capable_provider", NULL);
+    osr_json_free(canon);
+    create_finish(c);
+    return;
+  }
+
+  osr_binding_t *b = &c->b;
+  osr_sandbox_id_new(b->id);
+  snprintf(b->tenant, sizeof(b->tenant), "%s", call->auth.tenant);
+  snprintf(b->idem_key, sizeof(b->idem_key), "%s", idem_key);
+  osr_sha256_hex(canon, strlen(canon), b->request_hash);
+  snprintf(b->template_id, sizeof(b->template_id), "%s", c->req.template_id);
+  if (c->neligible > 0) {
+    snprintf(b->provider, sizeof(b->provider), "%s", c->cands[0].provider->name);
+    snprintf(b->region, sizeof(b->region), "%s", c->cands[0].region);
+    b->isolation = c->cands[0].isolation;
+  }
+  b->state = OSR_BINDING_CREATING;
+  b->attempt = 1;
+  int64_t now = osr_now_ms();
+  b->created_ms = now;
+  b->updated_ms = now;
+  b->expires_ms = now + (int64_t)c->req.timeout_s * 1000;
+  b->idle_timeout_ms = (int64_t)c->req.idle_timeout_s * 1000;
+  b->request_json = osr_xstrdup(canon);
+  osr_json_free(canon);
+  if (c->req.metadata != NULL) {
+    char *m = json_dumps(c->req.metadata, JSON_SORT_KEYS | JSON_COMPACT);
+    b->metadata_json = m ? osr_xstrdup(m) : NULL;
+    osr_json_free(m);
+  }
+  int rv = osr_store_create_intent(gw->store, b, intent_done, c);
+  if (rv != 0)
+    intent_done(rv == OSR_ECLOSED ? OSR_EUNAVAILABLE : rv, NULL, 0, c);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Crash recovery                                                            */
+
+#define RECOVER_PAGE 500
+#define RECOVER_MAX_ROWS 100000
+
+typedef struct recover_s {
+  osr_gw_t *gw;
+  void (*cb)(osr_gw_t *gw, int status);
+  osr_binding_t *rows;         /* bindings left creating, sorted by id */
+  unsigned char *adopted;
+  size_t n, cap;
+  unsigned char *list_failed;  /* per provider index */
+  char cursor[256];
+  size_t pi;                   /* provider being reconciled */
+  osr_provider_t *p;
+  osr_resource_t *res;         /* its labelled resources (copy) */
+  size_t nres, ri;
+  size_t fi;                   /* final pass over unadopted rows */
+  osr_gw_auth_t who;
+  unsigned adopted_n, orphans_n, failed_n;
+} recover_t;
+
+static void rec_list_page(recover_t *r);
+static void rec_provider(recover_t *r);
+static void rec_resource(recover_t *r);
+static void rec_final(recover_t *r);
+
+static int cmp_row(const void *a, const void *b)
+{
+  return strcmp(((const osr_binding_t *)a)->id, ((const osr_binding_t *)b)->id);
+}
+
+static void rec_end(recover_t *r, int status)
+{
+  if (status == 0)
+    OSR_LOG_INFO(MOD, "recovery: %zu interrupted create(s): %u adopted, %u failed, %u orphan(s) "
+                      "destroyed",
+                 r->n, r->adopted_n, r->failed_n, r->orphans_n);
+  else
+    OSR_LOG_ERROR(MOD, "recovery failed: %s", osr_strerror(status));
+  for (size_t i = 0; i < r->n; i++)
+    osr_binding_dispose(&r->rows[i]);
+  osr_free(r->rows);
+  osr_free(r->adopted);
+  osr_free(r->list_failed);
+  osr_free(r->res);
+  void (*cb)(osr_gw_t *, int) = r->cb;
+  osr_gw_t *gw = r->gw;
+  osr_free(r);
+  if (cb != NULL)
+    cb(gw, status);
+}
+
+static void rec_listed_rows(int status, const osr_binding_t *items, size_t n, const char *next,
+                            void *data)
+{
+  recover_t *r = data;
+  if (status != 0) {
+    rec_end(r, status);
+    return;
+  }
+  for (size_t i = 0; i < n && r->n < RECOVER_MAX_ROWS; i++) {
+    if (r->n == r->cap) {
+      r->cap = r->cap ? 2 * r->cap : 64;
+      r->rows = osr_xrealloc(r->rows, r->cap * sizeof(*r->rows));
+    }
+    osr_binding_init(&r->rows[r->n]);
+    osr_binding_copy(&r->rows[r->n++], &items[i]);
+  }
+  if (next != NULL && r->n < RECOVER_MAX_ROWS) {
+    snprintf(r->cursor, sizeof(r->cursor), "%s", next);
+    rec_list_page(r);
+    return;
+  }
+  if (r->n > 0)
+    qsort(r->rows, r->n, sizeof(*r->rows), cmp_row);
+  r->adopted = osr_xcalloc(r->n ? r->n : 1, 1);
+  r->pi = 0;
+  rec_provider(r);
+}
+
+static void rec_list_page(recover_t *r)
+{
+  osr_store_query_t q;
+  memset(&q, 0, sizeof(q));
+  q.state_mask = 1u << OSR_BINDING_CREATING;
+  q.limit = RECOVER_PAGE;
+  q.cursor = r->cursor[0] ? r->cursor : NULL;
+  int rv = osr_store_list(r->gw->store, &q, rec_listed_rows, r);
+  if (rv != 0)
+    rec_end(r, rv);
+}
+
+static void rec_next_resource(recover_t *r)
+{
+  r->ri++;
+  rec_resource(r);
+}
+
+static void rec_destroyed(osr_provider_t *p, int status, void *data)
+{
+  recover_t *r = data;
+  const osr_resource_t *res = &r->res[r->ri];
+  int ok = status == 0 || status == OSR_PERR_NOT_FOUND;
+  if (!ok)
+    OSR_LOG_WARN(MOD, "recovery: destroying %s on %s failed: %s", res->provider_id, p->name,
+                 osr_provider_err_name(status));
+  r->orphans_n += ok;
+  osr_gw_audit(r->gw, &r->who, "recover.orphan", res->sandbox_id,
+               ok ? "ok" : osr_provider_err_name(status),
+               json_pack("{s:s,s:s}", "provider", p->name, "providerId", res->provider_id));
+  rec_next_resource(r);
+}
+
+static void rec_destroy(recover_t *r)
+{
+  int rv = r->p->adapter->destroy(r->p, r->res[r->ri].provider_id, rec_destroyed, r);
+  if (rv != 0)
+    rec_destroyed(r->p, rv, r);
+}
+
+static void rec_adopt_stored(int status, void *data)
+{
+  recover_t *r = data;
+  const osr_resource_t *res = &r->res[r->ri];
+  osr_binding_t key;
+  snprintf(key.id, sizeof(key.id), "%.39s", res->sandbox_id);
+  osr_binding_t *row = bsearch(&key, r->rows, r->n, sizeof(*r->rows), cmp_row);
+  if (status != 0) {
+    /* The store went away mid-recovery: leave the row creating (a later
+     * recovery resolves it) and the resource in place (it is labelled). */
+    OSR_LOG_WARN(MOD, "recovery: adopting %s: %s", res->sandbox_id, osr_strerror(status));
+  } else if (row != NULL) {
+    r->adopted[row - r->rows] = 1;
+    r->adopted_n++;
+    osr__cache_put(r->gw, row);
+    osr_gw_audit(r->gw, &r->who, "recover.adopt", row->id, "ok",
+                 json_pack("{s:s,s:s}", "provider", row->provider, "providerId", row->provider_id));
+  }
+  rec_next_resource(r);
+}
+
+/* Adopt `res` for `row` unless it does not cover what the request asked. */
+static void rec_adopt(recover_t *r, osr_binding_t *row, const osr_resource_t *res)
+{
+  osr__sbx_req_t req;
+  char why[200];
+  json_t *body = row->request_json ? json_loads(row->request_json, 0, NULL) : NULL;
+  int parsed = body != NULL && osr__sbx_req_parse(r->gw, body, &req, why, sizeof(why)) == 0;
+  json_decref(body);
+  if (parsed) {
+    int covers = osr__caps_cover(&req.caps, &res->granted, why, sizeof(why));
+    osr__sbx_req_dispose(&req);
+    if (!covers) {
+      rec_destroy(r);
+      return;
+    }
+  }
+  int64_t now = osr_now_ms();
+  snprintf(row->provider_id, sizeof(row->provider_id), "%s", res->provider_id);
+  if (res->region[0])
+    snprintf(row->region, sizeof(row->region), "%s", res->region);
+  if (res->isolation != OSR_ISO_NONE)
+    row->isolation = res->isolation;
+  snprintf(row->agent_endpoint, sizeof(row->agent_endpoint), "%s", res->agent_endpoint);
+  row->state = res->state == OSR_RES_PAUSED ? OSR_BINDING_PAUSED : OSR_BINDING_RUNNING;
+  row->updated_ms = now;
+  row->last_activity_ms = now;
+  json_t *g = osr__caps_to_json(&res->granted);
+  char *s = json_dumps(g, JSON_COMPACT);
+  json_decref(g);
+  osr_free(row->granted_json);
+  row->granted_json = s ? osr_xstrdup(s) : NULL;
+  osr_json_free(s);
+  int rv = osr_store_update(r->gw->store, row, rec_adopt_stored, r);
+  if (rv != 0)
+    rec_adopt_stored(rv, r);
+}
+
+static void rec_got(int status, const osr_binding_t *b, int created, void *data)
+{
+  recover_t *r = data;
+  const char *why = "";
+  (void)created;
+  if (status != 0 && status != OSR_ENOTFOUND) {
+    /* Cannot tell: keep the resource; the reaper looks again later. */
+    rec_next_resource(r);
+    return;
+  }
+  if (osr__resource_is_bound(status == 0 ? b : NULL, r->p->name, &r->res[r->ri], &why)) {
+    rec_next_resource(r);
+    return;
+  }
+  OSR_LOG_INFO(MOD, "recovery: %s on %s is an orphan (%s)", r->res[r->ri].provider_id, r->p->name,
+               why);
+  rec_destroy(r);
+}
+
+static void rec_resource(recover_t *r)
+{
+  while (r->ri < r->nres) {
+    const osr_resource_t *res = &r->res[r->ri];
+    if (res->sandbox_id[0] == '\0') {
+      r->ri++;
+      continue;
+    }
+    osr_binding_t key;
+    snprintf(key.id, sizeof(key.id), "%.39s", res->sandbox_id);
+    osr_binding_t *row = r->n ? bsearch(&key, r->rows, r->n, sizeof(*r->rows), cmp_row) : NULL;
+    if (row != NULL) {
+      int usable = res->state != OSR_RES_STOPPED && res->state != OSR_RES_GONE;
+      if (strcmp(row->provider, r->p->name) == 0 && !r->adopted[row - r->rows] && usable)
+        rec_adopt(r, row, res);
+      else
+        rec_destroy(r);
+      return;
+    }
+    int rv = osr_store_get(r->gw->store, NULL, res->sandbox_id, rec_got, r);
+    if (rv != 0)
+      rec_got(rv, NULL, 0, r);
+    return;
+  }
+  osr_freep(&r->res);
+  r->nres = 0;
+  r->pi++;
+  rec_provider(r);
+}
+
+static void rec_listed(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
+                       void *data)
+{
+  recover_t *r = data;
+  if (status != 0) {
+    OSR_LOG_WARN(MOD, "recovery: listing %s failed: %s; its interrupted creates stay pending",
+                 p->name, osr_provider_err_name(status));
+    r->list_failed[r->pi] = 1;
+    r->pi++;
+    rec_provider(r);
+    return;
+  }
+  r->res = osr_xcalloc(n ? n : 1, sizeof(*r->res));
+  if (n > 0)
+    memcpy(r->res, res, n * sizeof(*res));
+  r->nres = n;
+  r->ri = 0;
+  rec_resource(r);
+}
+
+static void rec_provider(recover_t *r)
+{
+  size_t np = osr_providers_count(r->gw->providers);
+  while (r->pi < np) {
+    r->p = osr_providers_at(r->gw->providers, r->pi);
+    int rv = r->p->adapter->list(r->p, rec_listed, r);
+    if (rv == 0)
+      return;
+    OSR_LOG_WARN(MOD, "recovery: cannot list %s: %s", r->p->name, osr_provider_err_name(rv));
+    r->list_failed[r->pi++] = 1;
+  }
+  r->fi = 0;
+  rec_final(r);
+}
+
+static void rec_failed_stored(int status, void *data)
+{
+  recover_t *r = data;
+  osr_binding_t *row = &r->rows[r->fi];
+  if (status == 0) {
+    r->failed_n++;
+    osr_gw_audit(r->gw, &r->who, "recover.fail", row->id, "ok",
+                 json_pack("{s:s,s:s}", "provider", row->provider, "reason", "interrupted"));
+  } else {
+    OSR_LOG_WARN(MOD, "recovery: failing %s: %s", row->id, osr_strerror(status));
+  }
+  r->fi++;
+  rec_final(r);
+}
+
+static void rec_final(recover_t *r)
+{
+  while (r->fi < r->n) {
+    osr_binding_t *row = &r->rows[r->fi];
+    size_t pidx = 0;
+    osr_provider_t *p = row->provider[0]
+                            ? osr_providers_find(r->gw->providers, row->provider, &pidx)
+                            : NULL;
+    if (r->adopted[r->fi] || (p != NULL && r->list_failed[pidx])) {
+      r->fi++;
+      continue;
+    }
+    /* No resource carries this id on the provider the row names: the
+     * process died before the provider created anything (or it already
+     * cleaned up after a boot failure). */
+    int64_t now = osr_now_ms();
+    row->state = OSR_BINDING_FAILED;
+    row->updated_ms = now;
+    row->ended_ms = now;
+    snprintf(row->end_reason, sizeof(row->end_reason), "failed: interrupted");
+    osr_free(row->error_json);
+    row->error_json = osr_xstrdup("{\"code\":\"all_providers_failed\",\"message\":\"the gateway "
+                                  "stopped while the sandbox was being created\",\"attempts\":[]}");
+    int rv = osr_store_update(r->gw->store, row, rec_failed_stored, r);
+    if (rv != 0)
+      rec_failed_stored(rv, r);
+    return;
+  }
+  rec_end(r, 0);
+}
+
+void osr_gw_recover(osr_gw_t *gw, void (*cb)(osr_gw_t *gw, int status))
+{
+  recover_t *r = osr_xcalloc(1, sizeof(*r));
+  r->gw = gw;
+  r->cb = cb;
+  size_t np = osr_providers_count(gw->providers);
+  r->list_failed = osr_xcalloc(np ? np : 1, 1);
+  osr__auth_system(&r->who, "system", NULL);
+  if (gw->store == NULL) {
+    rec_end(r, OSR_EUNAVAILABLE);
+    return;
+  }
+  rec_list_page(r);
+}

@@ -1,0 +1,583 @@
+/*
+ * The reaper (see reaper.h for what it enforces). One pass is a chain of
+ * asynchronous steps on the loop thread, one store or provider call at a
+ * time, so a pass never floods the store or a provider and never blocks:
+ *
+ *   1. snapshot the live bindings (creating, running, paused), page by page;
+ *   2. count the finished ones for the sandboxes{state} gauge;
+ *   3. TTL and idle: for each expired live binding, re-read it (a timeout
+ *      extension or a kill may have happened since the snapshot), destroy
+ *      the provider resource, mark it ended;
+ *   4. per provider: list the resources carrying our label; each one without
+ *      a live binding on that provider (fresh read) is an orphan and is
+ *      destroyed; each running/paused binding of the snapshot whose resource
+ *      is missing is re-read and, if it still points at that resource, is
+ *      marked lost.
+ *
+ * Races with the API are settled by re-reading the binding right before
+ * acting, and by the create flow's write order (the row names the provider
+ * before the provider is called), so a resource being created is never
+ * taken for an orphan.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gateway/metrics.h"
+#include "gateway/reaper.h"
+#include "gateway/sandboxes.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define MOD "reaper"
+#define PAGE 500
+#define MAX_LIVE 200000
+#define MAX_COUNT_PAGES 200
+#define STATE_SLOTS 8
+
+typedef struct live_s {
+  char id[OSR_ID_MAX];
+  char tenant[OSR_TENANT_MAX];
+  char provider[OSR_NAME_MAX];
+  char provider_id[128];
+  osr_binding_state_t state;
+  int64_t expires_ms, idle_timeout_ms, last_activity_ms;
+  int seen;   /* its resource was in the provider's list */
+  int acted;  /* ended by this pass */
+} live_t;
+
+typedef struct once_s {
+  void (*cb)(osr_reaper_t *r, int status, void *data);
+  void *data;
+  struct once_s *next;
+} once_t;
+
+struct osr_reaper_s {
+  osr_gw_t *gw;
+  uv_timer_t timer;
+  int running, stopping, again;
+  void (*stop_cb)(void *data);
+  void *stop_data;
+  once_t *once;                /* waiting for the pass in progress */
+  once_t *once_next;           /* waiting for the next pass */
+  osr_gw_auth_t who;
+
+  /* pass state */
+  int64_t pass_start_ms;
+  live_t *live;
+  size_t nlive, cap;
+  uint64_t counts[STATE_SLOTS];
+  char cursor[256];
+  int count_pages;
+  size_t xi;                   /* expiry scan */
+  const char *reason;          /* "ttl" | "idle" for xi */
+  osr_binding_t cur;           /* fresh copy being acted on */
+  size_t pi;                   /* provider */
+  osr_provider_t *p;
+  osr_resource_t *res;
+  size_t nres, ri;
+  size_t li;                   /* lost scan */
+};
+
+static void pass_live_page(osr_reaper_t *r);
+static void pass_count_page(osr_reaper_t *r);
+static void pass_expire(osr_reaper_t *r);
+static void pass_provider(osr_reaper_t *r);
+static void pass_resource(osr_reaper_t *r);
+static void pass_lost(osr_reaper_t *r);
+static void pass_end(osr_reaper_t *r, int status);
+
+static int cmp_live(const void *a, const void *b)
+{
+  return strcmp(((const live_t *)a)->id, ((const live_t *)b)->id);
+}
+
+static live_t *find_live(osr_reaper_t *r, const char *id)
+{
+  live_t key;
+  snprintf(key.id, sizeof(key.id), "%.39s", id);
+  return r->nlive ? bsearch(&key, r->live, r->nlive, sizeof(*r->live), cmp_live) : NULL;
+}
+
+static void audit(osr_reaper_t *r, const char *tenant, const char *action, const char *id,
+                  const char *outcome, json_t *detail)
+{
+  snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", tenant ? tenant : "");
+  osr_gw_audit(r->gw, &r->who, action, id, outcome, detail);
+  if (r->gw->metrics != NULL && strcmp(outcome, "ok") == 0)
+    osr_metrics_reaper(r->gw->metrics, action + 5 /* after "reap." */);
+}
+
+/* ---- 1. live snapshot ---------------------------------------------------- */
+
+static void live_listed(int status, const osr_binding_t *items, size_t n, const char *next,
+                        void *data)
+{
+  osr_reaper_t *r = data;
+  if (status != 0) {
+    pass_end(r, status);
+    return;
+  }
+  for (size_t i = 0; i < n && r->nlive < MAX_LIVE; i++) {
+    if (r->nlive == r->cap) {
+      r->cap = r->cap ? 2 * r->cap : 256;
+      r->live = osr_xrealloc(r->live, r->cap * sizeof(*r->live));
+    }
+    live_t *l = &r->live[r->nlive++];
+    memset(l, 0, sizeof(*l));
+    snprintf(l->id, sizeof(l->id), "%s", items[i].id);
+    snprintf(l->tenant, sizeof(l->tenant), "%s", items[i].tenant);
+    snprintf(l->provider, sizeof(l->provider), "%s", items[i].provider);
+    snprintf(l->provider_id, sizeof(l->provider_id), "%s", items[i].provider_id);
+    l->state = items[i].state;
+    l->expires_ms = items[i].expires_ms;
+    l->idle_timeout_ms = items[i].idle_timeout_ms;
+    l->last_activity_ms = items[i].last_activity_ms;
+    if ((unsigned)items[i].state < STATE_SLOTS)
+      r->counts[items[i].state]++;
+  }
+  if (next != NULL && r->nlive < MAX_LIVE) {
+    snprintf(r->cursor, sizeof(r->cursor), "%s", next);
+    pass_live_page(r);
+    return;
+  }
+  if (r->nlive > 0)
+    qsort(r->live, r->nlive, sizeof(*r->live), cmp_live);
+  r->cursor[0] = '\0';
+  r->count_pages = 0;
+  pass_count_page(r);
+}
+
+static void pass_live_page(osr_reaper_t *r)
+{
+  osr_store_query_t q;
+  memset(&q, 0, sizeof(q));
+  q.state_mask = (1u << OSR_BINDING_CREATING) | (1u << OSR_BINDING_RUNNING) |
+                 (1u << OSR_BINDING_PAUSED);
+  q.limit = PAGE;
+  q.cursor = r->cursor[0] ? r->cursor : NULL;
+  int rv = osr_store_list(r->gw->store, &q, live_listed, r);
+  if (rv != 0)
+    pass_end(r, rv);
+}
+
+/* ---- 2. counts of finished bindings --------------------------------------- */
+
+static void count_listed(int status, const osr_binding_t *items, size_t n, const char *next,
+                         void *data)
+{
+  osr_reaper_t *r = data;
+  if (status == 0) {
+    for (size_t i = 0; i < n; i++)
+      if ((unsigned)items[i].state < STATE_SLOTS)
+        r->counts[items[i].state]++;
+    /* Past the page cap the gauges are lower bounds; a count query in the
+     * store would make this exact and cheap. */
+    if (next != NULL && ++r->count_pages < MAX_COUNT_PAGES) {
+      snprintf(r->cursor, sizeof(r->cursor), "%s", next);
+      pass_count_page(r);
+      return;
+    }
+  }
+  if (r->gw->metrics != NULL)
+    osr_metrics_sandboxes(r->gw->metrics, r->counts, STATE_SLOTS);
+  r->xi = 0;
+  pass_expire(r);
+}
+
+static void pass_count_page(osr_reaper_t *r)
+{
+  osr_store_query_t q;
+  memset(&q, 0, sizeof(q));
+  q.state_mask = (1u << OSR_BINDING_ENDED) | (1u << OSR_BINDING_FAILED) | (1u << OSR_BINDING_LOST);
+  q.limit = PAGE;
+  q.cursor = r->cursor[0] ? r->cursor : NULL;
+  int rv = osr_store_list(r->gw->store, &q, count_listed, r);
+  if (rv != 0)
+    count_listed(rv, NULL, 0, NULL, r);
+}
+
+/* ---- 3. TTL and idle ------------------------------------------------------ */
+
+static const char *expiry_reason(int64_t now, osr_binding_state_t state, int64_t expires_ms,
+                                 int64_t idle_ms, int64_t last_ms)
+{
+  if (state != OSR_BINDING_RUNNING && state != OSR_BINDING_PAUSED)
+    return NULL;
+  if (expires_ms > 0 && expires_ms <= now)
+    return "ttl";
+  if (idle_ms > 0 && last_ms > 0 && last_ms + idle_ms <= now)
+    return "idle";
+  return NULL;
+}
+
+static void expire_next(osr_reaper_t *r)
+{
+  osr_binding_dispose(&r->cur);
+  osr_binding_init(&r->cur);
+  r->xi++;
+  pass_expire(r);
+}
+
+static void expire_stored(int status, void *data)
+{
+  osr_reaper_t *r = data;
+  live_t *l = &r->live[r->xi];
+  if (status == 0) {
+    l->acted = 1;
+    osr__cache_invalidate(r->gw, r->cur.id);
+    char action[16];
+    snprintf(action, sizeof(action), "reap.%s", r->reason);
+    audit(r, r->cur.tenant, action, r->cur.id, "ok",
+          json_pack("{s:s,s:s}", "provider", r->cur.provider, "providerId", r->cur.provider_id));
+  } else {
+    OSR_LOG_WARN(MOD, "ending %s: %s", r->cur.id, osr_strerror(status));
+  }
+  expire_next(r);
+}
+
+static void expire_destroyed(osr_provider_t *p, int status, void *data)
+{
+  osr_reaper_t *r = data;
+  if (status != 0 && status != OSR_PERR_NOT_FOUND) {
+    /* Keep the binding live so the next pass tries again. */
+    OSR_LOG_WARN(MOD, "%s: destroying %s (%s) failed: %s", p ? p->name : "?", r->cur.provider_id,
+                 r->cur.id, osr_provider_err_name(status));
+    audit(r, r->cur.tenant, "reap.ttl", r->cur.id, osr_provider_err_name(status), NULL);
+    expire_next(r);
+    return;
+  }
+  int64_t now = osr_now_ms();
+  r->cur.state = OSR_BINDING_ENDED;
+  r->cur.ended_ms = now;
+  r->cur.updated_ms = now;
+  snprintf(r->cur.end_reason, sizeof(r->cur.end_reason), "%s", r->reason);
+  int rv = osr_store_update(r->gw->store, &r->cur, expire_stored, r);
+  if (rv != 0)
+    expire_stored(rv, r);
+}
+
+static void expire_got(int status, const osr_binding_t *b, int created, void *data)
+{
+  osr_reaper_t *r = data;
+  (void)created;
+  if (status != 0) {
+    expire_next(r);
+    return;
+  }
+  r->reason = expiry_reason(osr_now_ms(), b->state, b->expires_ms, b->idle_timeout_ms,
+                            b->last_activity_ms);
+  if (r->reason == NULL) { /* extended or ended since the snapshot */
+    expire_next(r);
+    return;
+  }
+  osr_binding_copy(&r->cur, b);
+  osr_provider_t *p = osr_providers_find(r->gw->providers, b->provider, NULL);
+  if (p == NULL || b->provider_id[0] == '\0') {
+    expire_destroyed(p, 0, r);
+    return;
+  }
+  int rv = p->adapter->destroy(p, r->cur.provider_id, expire_destroyed, r);
+  if (rv != 0)
+    expire_destroyed(p, rv, r);
+}
+
+static void pass_expire(osr_reaper_t *r)
+{
+  int64_t now = osr_now_ms();
+  while (r->xi < r->nlive) {
+    live_t *l = &r->live[r->xi];
+    if (expiry_reason(now, l->state, l->expires_ms, l->idle_timeout_ms, l->last_activity_ms) ==
+        NULL) {
+      r->xi++;
+      continue;
+    }
+    int rv = osr_store_get(r->gw->store, NULL, l->id, expire_got, r);
+    if (rv != 0) {
+      r->xi++;
+      continue;
+    }
+    return;
+  }
+  r->pi = 0;
+  pass_provider(r);
+}
+
+/* ---- 4. reconciliation ------------------------------------------------------ */
+
+static void resource_next(osr_reaper_t *r)
+{
+  r->ri++;
+  pass_resource(r);
+}
+
+static void orphan_destroyed(osr_provider_t *p, int status, void *data)
+{
+  osr_reaper_t *r = data;
+  const osr_resource_t *res = &r->res[r->ri];
+  int ok = status == 0 || status == OSR_PERR_NOT_FOUND;
+  audit(r, NULL, "reap.orphan", res->sandbox_id, ok ? "ok" : osr_provider_err_name(status),
+        json_pack("{s:s,s:s}", "provider", p->name, "providerId", res->provider_id));
+  resource_next(r);
+}
+
+static void orphan_got(int status, const osr_binding_t *b, int created, void *data)
+{
+  osr_reaper_t *r = data;
+  const osr_resource_t *res = &r->res[r->ri];
+  const char *why = "";
+  (void)created;
+  if ((status != 0 && status != OSR_ENOTFOUND) || osr__create_in_flight(r->gw, res->sandbox_id) ||
+      osr__resource_is_bound(status == 0 ? b : NULL, r->p->name, res, &why)) {
+    resource_next(r);
+    return;
+  }
+  OSR_LOG_INFO(MOD, "%s: %s (%s) is an orphan: %s", r->p->name, res->provider_id, res->sandbox_id,
+               why);
+  int rv = r->p->adapter->destroy(r->p, res->provider_id, orphan_destroyed, r);
+  if (rv != 0)
+    orphan_destroyed(r->p, rv, r);
+}
+
+static void pass_resource(osr_reaper_t *r)
+{
+  while (r->ri < r->nres) {
+    const osr_resource_t *res = &r->res[r->ri];
+    live_t *l = res->sandbox_id[0] ? find_live(r, res->sandbox_id) : NULL;
+    if (l != NULL && strcmp(l->provider, r->p->name) == 0 &&
+        (l->state == OSR_BINDING_CREATING || l->provider_id[0] == '\0' ||
+         strcmp(l->provider_id, res->provider_id) == 0)) {
+      l->seen = 1;
+      r->ri++;
+      continue;
+    }
+    if (res->sandbox_id[0] == '\0') {
+      r->ri++;
+      continue;
+    }
+    /* Not in the snapshot as this resource: read the binding now (it may
+     * have been created after the snapshot) before calling it an orphan. */
+    int rv = osr_store_get(r->gw->store, NULL, res->sandbox_id, orphan_got, r);
+    if (rv != 0) {
+      r->ri++;
+      continue;
+    }
+    return;
+  }
+  r->li = 0;
+  pass_lost(r);
+}
+
+static void lost_next(osr_reaper_t *r)
+{
+  osr_binding_dispose(&r->cur);
+  osr_binding_init(&r->cur);
+  r->li++;
+  pass_lost(r);
+}
+
+static void lost_stored(int status, void *data)
+{
+  osr_reaper_t *r = data;
+  if (status == 0) {
+    osr__cache_invalidate(r->gw, r->cur.id);
+    audit(r, r->cur.tenant, "reap.lost", r->cur.id, "ok",
+          json_pack("{s:s,s:s}", "provider", r->cur.provider, "providerId", r->cur.provider_id));
+  }
+  lost_next(r);
+}
+
+static void lost_got(int status, const osr_binding_t *b, int created, void *data)
+{
+  osr_reaper_t *r = data;
+  live_t *l = &r->live[r->li];
+  (void)created;
+  /* Only if it still points at the resource the provider no longer has,
+   * and did not change since before the provider was listed. */
+  if (status != 0 || (b->state != OSR_BINDING_RUNNING && b->state != OSR_BINDING_PAUSED) ||
+      strcmp(b->provider, l->provider) != 0 || strcmp(b->provider_id, l->provider_id) != 0 ||
+      b->updated_ms > r->pass_start_ms) {
+    lost_next(r);
+    return;
+  }
+  osr_binding_copy(&r->cur, b);
+  int64_t now = osr_now_ms();
+  r->cur.state = OSR_BINDING_LOST;
+  r->cur.ended_ms = now;
+  r->cur.updated_ms = now;
+  snprintf(r->cur.end_reason, sizeof(r->cur.end_reason), "lost");
+  int rv = osr_store_update(r->gw->store, &r->cur, lost_stored, r);
+  if (rv != 0)
+    lost_stored(rv, r);
+}
+
+static void pass_lost(osr_reaper_t *r)
+{
+  while (r->li < r->nlive) {
+    live_t *l = &r->live[r->li];
+    if (l->seen || l->acted || strcmp(l->provider, r->p->name) != 0 ||
+        (l->state != OSR_BINDING_RUNNING && l->state != OSR_BINDING_PAUSED)) {
+      r->li++;
+      continue;
+    }
+    int rv = osr_store_get(r->gw->store, NULL, l->id, lost_got, r);
+    if (rv != 0) {
+      r->li++;
+      continue;
+    }
+    return;
+  }
+  osr_freep(&r->res);
+  r->nres = 0;
+  r->pi++;
+  pass_provider(r);
+}
+
+static void provider_listed(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
+                            void *data)
+{
+  osr_reaper_t *r = data;
+  if (status != 0) {
+    /* Cannot see the provider: decide nothing about it this pass. */
+    OSR_LOG_DEBUG(MOD, "listing %s: %s", p->name, osr_provider_err_name(status));
+    r->pi++;
+    pass_provider(r);
+    return;
+  }
+  r->res = osr_xcalloc(n ? n : 1, sizeof(*r->res));
+  if (n > 0)
+    memcpy(r->res, res, n * sizeof(*res));
+  r->nres = n;
+  r->ri = 0;
+  pass_resource(r);
+}
+
+static void pass_provider(osr_reaper_t *r)
+{
+  size_t np = osr_providers_count(r->gw->providers);
+  while (r->pi < np && !r->stopping) {
+    r->p = osr_providers_at(r->gw->providers, r->pi);
+    if ((r->p->info.flags & OSR_PROVIDER_F_NO_LABELS) == 0 &&
+        r->p->adapter->list(r->p, provider_listed, r) == 0)
+      return;
+    r->pi++;
+  }
+  pass_end(r, 0);
+}
+
+/* ---- pass driver ------------------------------------------------------------ */
+
+static void on_timer_closed(uv_handle_t *h)
+{
+  osr_reaper_t *r = h->data;
+  void (*cb)(void *) = r->stop_cb;
+  void *data = r->stop_data;
+  osr_free(r);
+  if (cb != NULL)
+    cb(data);
+}
+
+static void pass_start(osr_reaper_t *r);
+
+static void pass_end(osr_reaper_t *r, int status)
+{
+  if (status != 0)
+    OSR_LOG_WARN(MOD, "pass failed: %s", osr_strerror(status));
+  osr_freep(&r->live);
+  r->nlive = r->cap = 0;
+  osr_freep(&r->res);
+  r->nres = 0;
+  osr_binding_dispose(&r->cur);
+  osr_binding_init(&r->cur);
+  r->running = 0;
+  once_t *o = r->once;
+  r->once = NULL;
+  while (o != NULL) {
+    once_t *n = o->next;
+    o->cb(r, status, o->data);
+    osr_free(o);
+    o = n;
+  }
+  if (r->stopping) {
+    uv_close((uv_handle_t *)&r->timer, on_timer_closed);
+    return;
+  }
+  if (r->again) {
+    r->again = 0;
+    pass_start(r);
+  }
+}
+
+static void pass_start(osr_reaper_t *r)
+{
+  if (r->running || r->stopping)
+    return;
+  if (r->gw->store == NULL) {
+    r->running = 1;
+    r->once = r->once_next;
+    r->once_next = NULL;
+    pass_end(r, OSR_EUNAVAILABLE);
+    return;
+  }
+  r->running = 1;
+  r->once = r->once_next;
+  r->once_next = NULL;
+  r->pass_start_ms = osr_now_ms();
+  memset(r->counts, 0, sizeof(r->counts));
+  r->cursor[0] = '\0';
+  pass_live_page(r);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+  osr_reaper_t *r = t->data;
+  /* A pass still running when the next tick comes is not doubled up. */
+  pass_start(r);
+}
+
+int osr_reaper_start(osr_gw_t *gw, osr_reaper_t **out)
+{
+  osr_reaper_t *r = osr_xcalloc(1, sizeof(*r));
+  r->gw = gw;
+  osr_binding_init(&r->cur);
+  osr__auth_system(&r->who, "reaper", NULL);
+  int rv = uv_timer_init(gw->loop, &r->timer);
+  if (rv != 0) {
+    osr_free(r);
+    return rv;
+  }
+  r->timer.data = r;
+  uint64_t every = gw->cfg->reaper_interval_ms ? gw->cfg->reaper_interval_ms : 5000;
+  /* The first pass runs at once: reconciliation at start. */
+  uv_timer_start(&r->timer, on_tick, 0, every);
+  *out = r;
+  return 0;
+}
+
+void osr_reaper_run_once(osr_reaper_t *r, void (*cb)(osr_reaper_t *r, int status, void *data),
+                         void *data)
+{
+  /* Ride on the next complete pass: if one is running, it started before
+   * this call, so another one follows it. */
+  if (cb != NULL) {
+    once_t *o = osr_xcalloc(1, sizeof(*o));
+    o->cb = cb;
+    o->data = data;
+    o->next = r->once_next;
+    r->once_next = o;
+  }
+  if (r->running)
+    r->again = 1;
+  else
+    pass_start(r);
+}
+
+void osr_reaper_stop(osr_reaper_t *r, void (*cb)(void *data), void *data)
+{
+  r->stopping = 1;
+  r->stop_cb = cb;
+  r->stop_data = data;
+  uv_timer_stop(&r->timer);
+  if (!r->running)
+    uv_close((uv_handle_t *)&r->timer, on_timer_closed);
+}

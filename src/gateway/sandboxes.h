@@ -1,0 +1,89 @@
+/*
+ * Private seam between the sandbox API handlers (api_sandboxes.c), the create
+ * flow and crash recovery (create.c) and the reaper (reaper.c). Nothing here
+ * is used outside those three files.
+ *
+ * Ownership: an osr__sbx_req_t holds references into the request body (env,
+ * metadata); osr__sbx_req_dispose drops them. Bindings passed to the helpers
+ * are borrowed for the duration of the call.
+ */
+#ifndef OSR_GATEWAY_SANDBOXES_H
+#define OSR_GATEWAY_SANDBOXES_H
+
+#include <jansson.h>
+
+#include "gateway/api.h"
+#include "gateway/gw.h"
+#include "gateway/placement.h"
+#include "gateway/providers.h"
+
+/* Caps on what a create request may carry (documented in openapi.json). */
+#define OSR_SBX_MAP_MAX 64        /* env / metadata entries */
+#define OSR_SBX_KEY_MAX 128       /* env / metadata key bytes */
+#define OSR_SBX_VALUE_MAX 4096    /* env / metadata value bytes */
+#define OSR_SBX_GPU_MAX 64
+#define OSR_SBX_MEMORY_MAX (1u << 22) /* 4 TiB in MiB: anything larger is a typo */
+#define OSR_SBX_VCPUS_MAX 1024
+
+/* The create flow's time budget: one create never takes longer than this end
+ * to end, and one provider call never longer than the per-attempt cap. */
+#define OSR_CREATE_DEADLINE_MS 60000
+#define OSR_CREATE_ATTEMPT_MS 30000
+
+/** A validated POST /v1/sandboxes (or /v1/plan) body. */
+typedef struct osr__sbx_req_s {
+  osr_capabilities_t caps;
+  osr_policy_t policy;              /**< request policy merged over the default */
+  char template_id[128];
+  uint32_t timeout_s;               /**< absolute TTL (default cfg->default_timeout_s) */
+  uint32_t idle_timeout_s;          /**< 0 = none */
+  json_t *env;                      /**< reference, or NULL */
+  json_t *metadata;                 /**< reference, or NULL */
+} osr__sbx_req_t;
+
+/** Validate `body` (NULL = empty object). On error returns OSR_EINVAL with a
+ *  message naming the offending field in `err`. */
+int osr__sbx_req_parse(osr_gw_t *gw, const json_t *body, osr__sbx_req_t *out, char *err,
+                       size_t errlen);
+void osr__sbx_req_dispose(osr__sbx_req_t *r);
+
+/** Run placement for `r`. `out` needs room for osr_providers_count() entries.
+ *  Returns the number of eligible candidates (first in `out`). */
+size_t osr__sbx_place(osr_gw_t *gw, const osr__sbx_req_t *r, osr_candidate_t *out);
+
+/** Capabilities as the API shows them ({gpu:{count,type}, snapshot, ports,
+ *  minMemoryMiB, vcpus, region, isolation}). */
+json_t *osr__caps_to_json(const osr_capabilities_t *c);
+
+/** 1 if `granted` covers everything `asked` asked for; otherwise 0 and the
+ *  first shortfall in `why`. */
+int osr__caps_cover(const osr_capabilities_t *asked, const osr_capabilities_t *granted, char *why,
+                    size_t whylen);
+
+/** Cache a binding in Redis if configured (failures are ignored: Redis is
+ *  an accelerator) / drop it from the cache and tell subscribers. */
+void osr__cache_put(osr_gw_t *gw, const osr_binding_t *b);
+void osr__cache_invalidate(osr_gw_t *gw, const char *id);
+
+/** Start the create flow for a validated request (create.c). Takes `req`
+ *  (the caller must not dispose it). Answers `call` when done. */
+void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *idem_key);
+
+/** 1 while a create for sandbox `id` runs in this process (the reaper and
+ *  recovery leave such bindings alone). */
+int osr__create_in_flight(osr_gw_t *gw, const char *id);
+
+/** Should a provider resource labelled with a sandbox id be kept, given the
+ *  binding the store has for that id (NULL if none)? Returns 1 to keep, 0
+ *  when it is an orphan to destroy (with the reason in `why`). */
+int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const osr_resource_t *res,
+                           const char **why);
+
+/** Destroy a provider resource in the background; NOT_FOUND counts as done.
+ *  Failures are logged. */
+void osr__destroy_bg(osr_gw_t *gw, osr_provider_t *p, const char *provider_id);
+
+/** An audit identity for the system's own actions ("reaper", "system"). */
+void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant);
+
+#endif
