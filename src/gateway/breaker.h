@@ -56,6 +56,12 @@ int osr_breaker_allow(osr_breaker_t *b, int64_t now_ms);
 /** Would osr_breaker_allow() say yes (without reserving)? For plans. */
 int osr_breaker_peek(const osr_breaker_t *b, int64_t now_ms);
 void osr_breaker_record(osr_breaker_t *b, int success, int64_t now_ms);
+/** Give back a half-open probe slot reserved by osr_breaker_allow() when the
+ *  request ended without an outcome that says anything about the provider
+ *  (cancelled by shutdown, rejected as invalid). No-op in other states. */
+void osr_breaker_release(osr_breaker_t *b);
+/** When an OPEN breaker turns half-open (unix ms); 0 if not open. */
+int64_t osr_breaker_open_until(const osr_breaker_t *b, int64_t now_ms);
 osr_breaker_state_t osr_breaker_state(const osr_breaker_t *b, int64_t now_ms);
 const char *osr_breaker_state_name(osr_breaker_state_t s);
 

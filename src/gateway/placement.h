@@ -91,6 +91,8 @@ typedef struct osr_placement_input_s {
   const char *const *tenant_deny;
   size_t ntenant_deny;
   int64_t now_ms;                         /**< for breaker state */
+  uint32_t ttl_s;                         /**< the sandbox's TTL, to amortise per-create
+                                               fees (0 = one hour) */
 } osr_placement_input_t;
 
 /**
@@ -106,5 +108,9 @@ json_t *osr_plan_to_json(const osr_candidate_t *c, size_t n, size_t neligible);
 
 /** Estimated cost per hour of `caps` on a provider with manifest `info`. */
 double osr_estimate_cost_per_hour(const osr_provider_info_t *info, const osr_capabilities_t *caps);
+/** Same, with the per-create fee amortised over `ttl_s` (0 = one hour, at
+ *  least 60 s): what osr_place() uses with in->ttl_s. */
+double osr_estimate_cost_per_hour_ttl(const osr_provider_info_t *info,
+                                      const osr_capabilities_t *caps, uint32_t ttl_s);
 
 #endif

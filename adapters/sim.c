@@ -1,0 +1,1237 @@
+/*
+ * The `sim` provider: a SIMULATED sandbox provider for drills, demos,
+ * benchmarks and tests. It runs nothing. Its latency, capacity and failure
+ * rates are configurable so that placement, failover, the circuit breaker
+ * and crash recovery can be exercised without a real provider. Sim
+ * sandboxes have no agent: their agent_endpoint is the placeholder
+ * "sim://<provider id>".
+ *
+ * Two modes:
+ *   in-process (default)  resources live in a table in this process and die
+ *                         with it.
+ *   url: http://H:P       resources live in an `osr-sim` process (which runs
+ *                         this same adapter in-process behind a JSON HTTP
+ *                         API), so they survive a gateway crash and can be
+ *                         checked against the provider's own list.
+ *
+ * Config keys (all optional; see docs/adapters.md):
+ *   latency_ms (20), latency_jitter_ms (0), failure_rate (0),
+ *   boot_failure_rate (0), capacity (0 = unlimited), error ("unavailable"),
+ *   seed, isolation (["container","gvisor"]), regions ([]), gpus
+ *   ({max, types:{T: usd_per_s}}), snapshot (false), prices ({vcpu_per_s,
+ *   gib_per_s, per_create}), expected_create_ms (= latency_ms), max_ports
+ *   (32), max_memory_mib (65536), max_vcpus (64), url, timeout_ms (30000,
+ *   url mode), accept_any (false: trust the caller's isolation/region/gpu
+ *   choice instead of checking it against this manifest; osr-sim sets it).
+ *
+ * Every operation is an op with its own uv_timer. The timer is how results
+ * are delivered: in-process creates fire it after the simulated latency,
+ * everything else (and every url-mode answer) restarts it with timeout 0, so
+ * a callback never runs inside the call that started the operation and
+ * always runs exactly once. An op is freed when its timer is closed and (url
+ * mode) its HTTP request has ended; close() waits for every op, and for a
+ * connect in progress, before freeing the adapter state.
+ */
+#include "adapters/sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/http.h"
+#include "util/buf.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define MOD "sim"
+/* Hard cap on the resource table even when `capacity` is unlimited. */
+#define SIM_MAX_RESOURCES (1u << 20)
+/* Largest answer accepted from osr-sim (a list of many resources). */
+#define SIM_MAX_RESPONSE (64u << 20)
+
+typedef struct sim_res_s {
+  osr_resource_t r;
+  char tenant[OSR_NAME_MAX];
+  int64_t created_ms;
+} sim_res_t;
+
+typedef struct sim_s sim_t;
+typedef struct sim_op_s sim_op_t;
+
+enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST };
+
+struct sim_op_s {
+  sim_op_t *prev, *next; /* sim->ops: every op not yet freed */
+  sim_t *sim;
+  int kind;
+  uv_timer_t timer;
+  int delivered;        /* the user callback ran */
+  int finishing;        /* a result is set and the timer will deliver it */
+  int timer_closed;
+  int status;
+  char provider_id[128];
+  osr_resource_t res;
+  /* in-process create */
+  int boot_fail;
+  /* url mode */
+  int waiting;          /* queued for a connection */
+  int resend;           /* the timer should send again, not deliver */
+  int attempts;
+  osr_http_creq_t *creq;
+  int creq_live;
+  int http_status;
+  char *req_body;       /* jansson memory (osr_json_free) */
+  char method[8];
+  char target[200];
+  osr_buf_t resp;
+  osr_resource_t *list;
+  size_t nlist;
+  union {
+    osr_provider_create_cb create;
+    osr_provider_done_cb done;
+    osr_provider_get_cb get;
+    osr_provider_list_cb list;
+  } cb;
+  void *data;
+};
+
+struct sim_s {
+  osr_provider_t *p;
+  /* configuration */
+  double latency_ms, jitter_ms, failure_rate, boot_failure_rate, expected_ms;
+  uint64_t capacity;
+  int error;
+  uint64_t rng;
+  unsigned iso_mask;
+  char regions[15][OSR_NAME_MAX];
+  size_t nregions;
+  char gpu_types[7][OSR_NAME_MAX];
+  double gpu_prices[7];
+  size_t ngpus;
+  uint32_t gpu_max;
+  int snapshot, accept_any;
+  double price_vcpu, price_gib, price_create;
+  uint32_t max_ports, max_memory, max_vcpus;
+  uint64_t timeout_ms;
+  int url_mode;
+  char addr[300];
+  /* in-process table */
+  sim_res_t *res;
+  size_t nres, capres;
+  uint64_t next_id;
+  void (*on_change)(void *data);
+  void *on_change_data;
+  /* ops */
+  sim_op_t *ops_head, *ops_tail;
+  size_t nops;
+  /* url mode */
+  osr_http_client_t *http;
+  int http_dead;
+  int connecting;
+  /* close */
+  int closing, close_done;
+  uv_timer_t close_timer;
+  void (*close_cb)(osr_provider_t *p);
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+/* xorshift64*: tiny, fast, and reproducible from a seed, which is all a
+ * failure-injection PRNG needs. */
+static double rnd(sim_t *s)
+{
+  s->rng ^= s->rng >> 12;
+  s->rng ^= s->rng << 25;
+  s->rng ^= s->rng >> 27;
+  return (double)((s->rng * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
+}
+
+static void notify(sim_t *s)
+{
+  if (s->on_change != NULL)
+    s->on_change(s->on_change_data);
+}
+
+static const struct {
+  const char *name;
+  int code;
+} errs[] = {
+  {"capacity", OSR_PERR_CAPACITY},   {"rate_limited", OSR_PERR_RATE_LIMITED},
+  {"timeout", OSR_PERR_TIMEOUT},     {"unavailable", OSR_PERR_UNAVAILABLE},
+  {"auth", OSR_PERR_AUTH},           {"invalid", OSR_PERR_INVALID},
+  {"boot_failed", OSR_PERR_BOOT_FAILED}, {"not_found", OSR_PERR_NOT_FOUND},
+};
+
+int osr__sim_err_parse(const char *name)
+{
+  for (size_t i = 0; i < OSR_ARRAY_SIZE(errs); i++)
+    if (strcmp(errs[i].name, name) == 0)
+      return errs[i].code;
+  return 0;
+}
+
+static const char *state_name(osr_resource_state_t st)
+{
+  static const char *const n[] = {"unknown", "starting", "running", "paused", "stopped", "gone"};
+  return (unsigned)st < OSR_ARRAY_SIZE(n) ? n[st] : "unknown";
+}
+
+static osr_resource_state_t state_parse(const char *s)
+{
+  for (int i = 0; i <= OSR_RES_GONE; i++)
+    if (strcmp(state_name((osr_resource_state_t)i), s) == 0)
+      return (osr_resource_state_t)i;
+  return OSR_RES_UNKNOWN;
+}
+
+static void copy_str(char *dst, size_t len, const char *src)
+{
+  snprintf(dst, len, "%s", src != NULL ? src : "");
+}
+
+/* ---- resource JSON (osr-sim wire format and state file) ------------------ */
+
+json_t *osr__sim_resource_to_json(const osr_resource_t *r, const char *tenant, int64_t created_ms)
+{
+  const osr_capabilities_t *g = &r->granted;
+  json_t *ports = json_array();
+  for (size_t i = 0; i < g->nports && i < OSR_MAX_PORTS; i++)
+    json_array_append_new(ports, json_integer(g->ports[i]));
+  const char *iso = osr_isolation_name(r->isolation);
+  json_t *labels = json_pack("{s:s}", OSR_LABEL_SANDBOX_ID, r->sandbox_id);
+  if (tenant != NULL && tenant[0] != '\0')
+    json_object_set_new(labels, OSR_LABEL_TENANT, json_string(tenant));
+  return json_pack("{s:s,s:s,s:s,s:o,s:s,s:s?,s:s,s:s,s:I,s:{s:I,s:I,s:{s:I,s:s},s:b,s:o}}",
+                   "id", r->provider_id, "sandbox_id", r->sandbox_id, "tenant",
+                   tenant != NULL ? tenant : "", "labels", labels, "region", r->region,
+                   "isolation", iso, "state", state_name(r->state), "agent_endpoint",
+                   r->agent_endpoint, "created_ms", (json_int_t)created_ms, "granted", "vcpus",
+                   (json_int_t)g->vcpus, "memoryMiB", (json_int_t)g->min_memory_mib, "gpu",
+                   "count", (json_int_t)g->gpu_count, "type", g->gpu_type, "snapshot",
+                   g->snapshot, "ports", ports);
+}
+
+int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant)
+{
+  const char *id = NULL, *sid = NULL, *ten = "", *region = "", *iso = NULL, *state = "unknown",
+             *ep = "";
+  json_t *granted = NULL;
+  memset(r, 0, sizeof(*r));
+  if (json_unpack((json_t *)j, "{s:s,s:s,s?s,s?s,s?s,s?s,s?s,s?o}", "id", &id, "sandbox_id", &sid,
+                  "tenant", &ten, "region", &region, "isolation", &iso, "state", &state,
+                  "agent_endpoint", &ep, "granted", &granted) != 0)
+    return OSR_EINVAL;
+  if (strlen(id) >= sizeof(r->provider_id) || strlen(sid) >= sizeof(r->sandbox_id))
+    return OSR_EINVAL;
+  copy_str(r->provider_id, sizeof(r->provider_id), id);
+  copy_str(r->sandbox_id, sizeof(r->sandbox_id), sid);
+  copy_str(r->region, sizeof(r->region), region);
+  copy_str(r->agent_endpoint, sizeof(r->agent_endpoint), ep);
+  r->isolation = osr_isolation_parse(iso);
+  r->state = state_parse(state);
+  if (tenant != NULL)
+    copy_str(tenant, OSR_NAME_MAX, ten);
+  osr_capabilities_t *g = &r->granted;
+  if (json_is_object(granted)) {
+    json_int_t vcpus = 0, mem = 0, gcount = 0;
+    const char *gtype = "";
+    int snap = 0;
+    json_t *ports = NULL;
+    json_unpack(granted, "{s?I,s?I,s?{s?I,s?s},s?b,s?o}", "vcpus", &vcpus, "memoryMiB", &mem,
+                "gpu", "count", &gcount, "type", &gtype, "snapshot", &snap, "ports", &ports);
+    g->vcpus = (uint32_t)vcpus;
+    g->min_memory_mib = (uint32_t)mem;
+    g->gpu_count = (uint32_t)gcount;
+    copy_str(g->gpu_type, sizeof(g->gpu_type), gtype);
+    g->snapshot = snap;
+    size_t i;
+    json_t *v;
+    json_array_foreach(ports, i, v)
+    {
+      if (g->nports < OSR_MAX_PORTS && json_is_integer(v))
+        g->ports[g->nports++] = (uint16_t)json_integer_value(v);
+    }
+  }
+  copy_str(g->region, sizeof(g->region), r->region);
+  g->isolation = r->isolation;
+  return 0;
+}
+
+/* ---- configuration ------------------------------------------------------- */
+
+static int cfg_err(char *err, size_t errlen, const char *key, const char *what)
+{
+  snprintf(err, errlen, "key '%s': %s", key, what);
+  return OSR_EINVAL;
+}
+
+static int num_in(const json_t *v, double lo, double hi, double *out)
+{
+  if (!json_is_number(v))
+    return -1;
+  double d = json_number_value(v);
+  if (!(d >= lo && d <= hi))
+    return -1;
+  *out = d;
+  return 0;
+}
+
+static int parse_strlist(const json_t *v, char (*out)[OSR_NAME_MAX], size_t max, size_t *n)
+{
+  size_t i;
+  json_t *e;
+  if (!json_is_array(v) || json_array_size(v) > max)
+    return -1;
+  *n = 0;
+  json_array_foreach(v, i, e)
+  {
+    if (!json_is_string(e) || json_string_length(e) == 0 || json_string_length(e) >= OSR_NAME_MAX)
+      return -1;
+    copy_str(out[(*n)++], OSR_NAME_MAX, json_string_value(e));
+  }
+  return 0;
+}
+
+static int parse_url(sim_t *s, const char *url)
+{
+  const char *pfx = "http://";
+  if (strncmp(url, pfx, strlen(pfx)) != 0)
+    return -1;
+  const char *hp = url + strlen(pfx);
+  size_t n = strcspn(hp, "/");
+  if (n == 0 || n >= sizeof(s->addr) || (hp[n] == '/' && hp[n + 1] != '\0'))
+    return -1;
+  memcpy(s->addr, hp, n);
+  s->addr[n] = '\0';
+  return strchr(s->addr, ':') != NULL ? 0 : -1;
+}
+
+static int parse_config(sim_t *s, const json_t *cfg, char *err, size_t errlen)
+{
+  const char *key;
+  json_t *v;
+  int have_expected = 0;
+
+  if (cfg != NULL && !json_is_object(cfg))
+    return cfg_err(err, errlen, "(config)", "must be an object");
+  json_object_foreach((json_t *)cfg, key, v)
+  {
+    double d;
+    if (strcmp(key, "name") == 0 || strcmp(key, "type") == 0) {
+      continue;
+    } else if (strcmp(key, "latency_ms") == 0) {
+      if (num_in(v, 0, 3600e3, &s->latency_ms))
+        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+    } else if (strcmp(key, "latency_jitter_ms") == 0) {
+      if (num_in(v, 0, 3600e3, &s->jitter_ms))
+        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+    } else if (strcmp(key, "failure_rate") == 0) {
+      if (num_in(v, 0, 1, &s->failure_rate))
+        return cfg_err(err, errlen, key, "must be a number from 0 to 1");
+    } else if (strcmp(key, "boot_failure_rate") == 0) {
+      if (num_in(v, 0, 1, &s->boot_failure_rate))
+        return cfg_err(err, errlen, key, "must be a number from 0 to 1");
+    } else if (strcmp(key, "capacity") == 0) {
+      if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+          json_integer_value(v) > SIM_MAX_RESOURCES)
+        return cfg_err(err, errlen, key, "must be an integer from 0 (unlimited) to 1048576");
+      s->capacity = (uint64_t)json_integer_value(v);
+    } else if (strcmp(key, "error") == 0) {
+      int code = json_is_string(v) ? osr__sim_err_parse(json_string_value(v)) : 0;
+      if (code == 0 || code == OSR_PERR_BOOT_FAILED || code == OSR_PERR_NOT_FOUND)
+        return cfg_err(err, errlen, key,
+                       "must be one of capacity, rate_limited, timeout, unavailable, auth, invalid");
+      s->error = code;
+    } else if (strcmp(key, "seed") == 0) {
+      if (!json_is_integer(v))
+        return cfg_err(err, errlen, key, "must be an integer");
+      s->rng = (uint64_t)json_integer_value(v);
+    } else if (strcmp(key, "isolation") == 0) {
+      char names[3][OSR_NAME_MAX];
+      size_t n;
+      if (parse_strlist(v, names, 3, &n) != 0 || n == 0)
+        return cfg_err(err, errlen, key, "must be a non-empty list of container, gvisor, firecracker");
+      s->iso_mask = 0;
+      for (size_t i = 0; i < n; i++) {
+        osr_isolation_t iso = osr_isolation_parse(names[i]);
+        if (iso == OSR_ISO_NONE)
+          return cfg_err(err, errlen, key, "must be a non-empty list of container, gvisor, firecracker");
+        s->iso_mask |= 1u << iso;
+      }
+    } else if (strcmp(key, "regions") == 0) {
+      if (parse_strlist(v, s->regions, OSR_ARRAY_SIZE(s->regions), &s->nregions) != 0)
+        return cfg_err(err, errlen, key, "must be a list of at most 15 region names");
+    } else if (strcmp(key, "gpus") == 0) {
+      json_t *types = json_object_get(v, "types"), *max = json_object_get(v, "max");
+      const char *t;
+      json_t *price;
+      if (!json_is_object(v) || !json_is_integer(max) || json_integer_value(max) < 0 ||
+          json_integer_value(max) > 1024 || (types != NULL && !json_is_object(types)) ||
+          json_object_size(types) > OSR_ARRAY_SIZE(s->gpu_types))
+        return cfg_err(err, errlen, key,
+                       "must be {max: N, types: {TYPE: usd_per_gpu_second, ...}} (at most 7 types)");
+      s->gpu_max = (uint32_t)json_integer_value(max);
+      s->ngpus = 0;
+      json_object_foreach(types, t, price)
+      {
+        if (strlen(t) == 0 || strlen(t) >= OSR_NAME_MAX || num_in(price, 0, 1e6, &d) != 0)
+          return cfg_err(err, errlen, key, "each GPU type needs a non-negative price per second");
+        copy_str(s->gpu_types[s->ngpus], OSR_NAME_MAX, t);
+        s->gpu_prices[s->ngpus++] = d;
+      }
+    } else if (strcmp(key, "snapshot") == 0 || strcmp(key, "accept_any") == 0) {
+      if (!json_is_boolean(v))
+        return cfg_err(err, errlen, key, "must be true or false");
+      *(strcmp(key, "snapshot") == 0 ? &s->snapshot : &s->accept_any) = json_is_true(v);
+    } else if (strcmp(key, "prices") == 0) {
+      const char *pk;
+      json_t *pv;
+      if (!json_is_object(v))
+        return cfg_err(err, errlen, key, "must be {vcpu_per_s, gib_per_s, per_create}");
+      json_object_foreach(v, pk, pv)
+      {
+        double *dst = strcmp(pk, "vcpu_per_s") == 0  ? &s->price_vcpu
+                      : strcmp(pk, "gib_per_s") == 0 ? &s->price_gib
+                      : strcmp(pk, "per_create") == 0 ? &s->price_create
+                                                      : NULL;
+        if (dst == NULL || num_in(pv, 0, 1e6, dst) != 0)
+          return cfg_err(err, errlen, key,
+                         "must be {vcpu_per_s, gib_per_s, per_create} with non-negative USD numbers");
+      }
+    } else if (strcmp(key, "expected_create_ms") == 0) {
+      if (num_in(v, 0, 3600e3, &s->expected_ms))
+        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+      have_expected = 1;
+    } else if (strcmp(key, "max_ports") == 0 || strcmp(key, "max_memory_mib") == 0 ||
+               strcmp(key, "max_vcpus") == 0) {
+      if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1 << 24)
+        return cfg_err(err, errlen, key, "must be a non-negative integer");
+      uint32_t x = (uint32_t)json_integer_value(v);
+      if (key[4] == 'p')
+        s->max_ports = x > OSR_MAX_PORTS ? OSR_MAX_PORTS : x;
+      else if (key[4] == 'm')
+        s->max_memory = x;
+      else
+        s->max_vcpus = x;
+    } else if (strcmp(key, "url") == 0) {
+      if (!json_is_string(v) || parse_url(s, json_string_value(v)) != 0)
+        return cfg_err(err, errlen, key, "must be http://HOST:PORT (an osr-sim server)");
+      s->url_mode = 1;
+    } else if (strcmp(key, "timeout_ms") == 0) {
+      if (num_in(v, 1, 3600e3, &d))
+        return cfg_err(err, errlen, key, "must be a number of milliseconds from 1 to 3600000");
+      s->timeout_ms = (uint64_t)d;
+    } else {
+      return cfg_err(err, errlen, key, "unknown key for a sim provider (see docs/adapters.md)");
+    }
+  }
+  if (!have_expected)
+    s->expected_ms = s->latency_ms;
+  return 0;
+}
+
+static int sim_init(osr_provider_t *p, const json_t *config, char *err, size_t errlen)
+{
+  sim_t *s = osr_xcalloc(1, sizeof(*s));
+  s->p = p;
+  s->latency_ms = 20;
+  s->error = OSR_PERR_UNAVAILABLE;
+  s->rng = 0;
+  s->iso_mask = (1u << OSR_ISO_CONTAINER) | (1u << OSR_ISO_GVISOR);
+  /* Plausible small-VM prices (USD): ~$0.05 per vCPU-hour, ~$0.016 per
+   * GiB-hour. Override with `prices` or the gateway's price_overrides. */
+  s->price_vcpu = 0.000014;
+  s->price_gib = 0.0000045;
+  s->max_ports = OSR_MAX_PORTS;
+  s->max_memory = 65536;
+  s->max_vcpus = 64;
+  s->timeout_ms = 30000;
+  s->next_id = 1;
+  int rv = parse_config(s, config, err, errlen);
+  if (rv != 0) {
+    osr_free(s);
+    return rv;
+  }
+  if (s->rng == 0) /* unseeded: vary between runs */
+    s->rng = uv_hrtime() ^ ((uint64_t)(uintptr_t)s << 17);
+  /* xorshift's one forbidden state. */
+  if (s->rng == 0)
+    s->rng = 0x9E3779B97F4A7C15ULL;
+  p->impl = s;
+  return 0;
+}
+
+static void sim_describe(osr_provider_t *p, osr_provider_info_t *info)
+{
+  sim_t *s = p->impl;
+  memset(info, 0, sizeof(*info));
+  info->isolation_mask = s->iso_mask;
+  info->gpu_max = s->gpu_max;
+  for (size_t i = 0; i < s->ngpus; i++) {
+    info->gpu_types[i] = s->gpu_types[i];
+    info->gpu_price_per_s[i] = s->gpu_prices[i];
+  }
+  info->snapshot = s->snapshot;
+  info->pause = 0;
+  info->max_ports = s->max_ports;
+  info->max_memory_mib = s->max_memory;
+  info->max_vcpus = s->max_vcpus;
+  info->default_memory_mib = 512;
+  info->default_vcpus = 1;
+  for (size_t i = 0; i < s->nregions; i++)
+    info->regions[i] = s->regions[i];
+  info->price_vcpu_per_s = s->price_vcpu;
+  info->price_gib_per_s = s->price_gib;
+  info->price_per_create = s->price_create;
+  info->expected_create_ms = s->expected_ms;
+  info->flags = 0;
+}
+
+/* ---- in-process resource table ------------------------------------------- */
+
+static sim_res_t *find_res(sim_t *s, const char *id)
+{
+  for (size_t i = 0; i < s->nres; i++)
+    if (strcmp(s->res[i].r.provider_id, id) == 0)
+      return &s->res[i];
+  return NULL;
+}
+
+static void remove_res(sim_t *s, sim_res_t *r)
+{
+  /* Keep insertion order (lists and state files read naturally); the table
+   * is a simulation, a memmove is fine. */
+  size_t i = (size_t)(r - s->res);
+  memmove(&s->res[i], &s->res[i + 1], (s->nres - i - 1) * sizeof(*s->res));
+  s->nres--;
+}
+
+static sim_res_t *insert_res(sim_t *s)
+{
+  if (s->nres == s->capres) {
+    size_t nc = s->capres != 0 ? s->capres * 2 : 64;
+    s->res = osr_xrealloc(s->res, nc * sizeof(*s->res));
+    s->capres = nc;
+  }
+  sim_res_t *r = &s->res[s->nres++];
+  memset(r, 0, sizeof(*r));
+  return r;
+}
+
+static uint64_t id_number(const char *id)
+{
+  if (strncmp(id, "sim-", 4) != 0)
+    return 0;
+  char *end;
+  unsigned long long n = strtoull(id + 4, &end, 10);
+  return *end == '\0' ? n : 0;
+}
+
+json_t *osr__sim_dump(osr_provider_t *p)
+{
+  sim_t *s = p->impl;
+  json_t *a = json_array();
+  for (size_t i = 0; i < s->nres; i++)
+    json_array_append_new(a, osr__sim_resource_to_json(&s->res[i].r, s->res[i].tenant,
+                                                       s->res[i].created_ms));
+  return a;
+}
+
+int osr__sim_restore(osr_provider_t *p, const json_t *arr)
+{
+  sim_t *s = p->impl;
+  size_t i;
+  json_t *v;
+  if (!json_is_array(arr) || json_array_size(arr) > SIM_MAX_RESOURCES)
+    return OSR_EINVAL;
+  json_array_foreach(arr, i, v)
+  {
+    osr_resource_t r;
+    if (osr__sim_resource_from_json(v, &r, NULL) != 0)
+      return OSR_EINVAL;
+  }
+  json_array_foreach(arr, i, v)
+  {
+    sim_res_t *r = insert_res(s);
+    (void)osr__sim_resource_from_json(v, &r->r, r->tenant);
+    json_int_t created = 0;
+    json_unpack(v, "{s?I}", "created_ms", &created);
+    r->created_ms = created;
+    uint64_t n = id_number(r->r.provider_id);
+    if (n >= s->next_id)
+      s->next_id = n + 1;
+  }
+  return 0;
+}
+
+void osr__sim_set_on_change(osr_provider_t *p, void (*cb)(void *data), void *data)
+{
+  sim_t *s = p->impl;
+  s->on_change = cb;
+  s->on_change_data = data;
+}
+
+/* ---- ops ------------------------------------------------------------------ */
+
+static void try_finish_close(sim_t *s);
+
+static void op_free(sim_op_t *op)
+{
+  sim_t *s = op->sim;
+  if (op->prev != NULL)
+    op->prev->next = op->next;
+  else
+    s->ops_head = op->next;
+  if (op->next != NULL)
+    op->next->prev = op->prev;
+  else
+    s->ops_tail = op->prev;
+  s->nops--;
+  if (op->req_body != NULL)
+    osr_json_free(op->req_body);
+  osr_buf_dispose(&op->resp);
+  osr_free(op->list);
+  osr_free(op);
+  if (s->closing)
+    try_finish_close(s);
+}
+
+static void maybe_free(sim_op_t *op)
+{
+  if (op->timer_closed && !op->creq_live)
+    op_free(op);
+}
+
+static void on_op_timer_closed(uv_handle_t *h)
+{
+  sim_op_t *op = h->data;
+  op->timer_closed = 1;
+  maybe_free(op);
+}
+
+/* Run the user callback once, then let the op go. */
+static void deliver(sim_op_t *op)
+{
+  osr_provider_t *p = op->sim->p;
+  op->delivered = 1;
+  switch (op->kind) {
+  case OP_CREATE:
+    op->cb.create(p, op->status, op->status == 0 ? &op->res : NULL, op->data);
+    break;
+  case OP_GET:
+    op->cb.get(p, op->status, op->status == 0 ? &op->res : NULL, op->data);
+    break;
+  case OP_DESTROY:
+    op->cb.done(p, op->status, op->data);
+    break;
+  case OP_LIST:
+    op->cb.list(p, op->status, op->status == 0 ? op->list : NULL, op->status == 0 ? op->nlist : 0,
+                op->data);
+    break;
+  }
+  uv_close((uv_handle_t *)&op->timer, on_op_timer_closed);
+}
+
+static void on_op_timer(uv_timer_t *t);
+
+/* Set the result and deliver it on a later loop turn. */
+static void op_finish(sim_op_t *op, int status)
+{
+  if (op->finishing || op->delivered)
+    return;
+  op->finishing = 1;
+  op->status = status;
+  op->resend = 0;
+  uv_timer_stop(&op->timer);
+  uv_timer_start(&op->timer, on_op_timer, 0, 0);
+}
+
+static sim_op_t *op_new(sim_t *s, int kind, void *data)
+{
+  sim_op_t *op = osr_xcalloc(1, sizeof(*op));
+  op->sim = s;
+  op->kind = kind;
+  op->data = data;
+  uv_timer_init(s->p->loop, &op->timer);
+  op->timer.data = op;
+  osr_buf_init(&op->resp, SIM_MAX_RESPONSE);
+  op->prev = s->ops_tail;
+  if (s->ops_tail != NULL)
+    s->ops_tail->next = op;
+  else
+    s->ops_head = op;
+  s->ops_tail = op;
+  s->nops++;
+  return op;
+}
+
+static void fill_resource(sim_t *s, sim_res_t *r, const osr_sandbox_spec_t *spec)
+{
+  osr_resource_t *res = &r->r;
+  snprintf(res->provider_id, sizeof(res->provider_id), "sim-%llu",
+           (unsigned long long)s->next_id++);
+  copy_str(res->sandbox_id, sizeof(res->sandbox_id), spec->sandbox_id);
+  copy_str(r->tenant, sizeof(r->tenant), spec->tenant);
+  copy_str(res->region, sizeof(res->region), spec->region);
+  res->isolation = spec->isolation;
+  if (res->isolation == OSR_ISO_NONE) {
+    for (int k = OSR_ISO_CONTAINER; k <= OSR_ISO_FIRECRACKER; k++) {
+      if (s->iso_mask & (1u << k)) {
+        res->isolation = (osr_isolation_t)k;
+        break;
+      }
+    }
+  }
+  snprintf(res->agent_endpoint, sizeof(res->agent_endpoint), "sim://%s", res->provider_id);
+  res->state = OSR_RES_STARTING;
+  res->granted = spec->caps;
+  if (res->granted.vcpus == 0)
+    res->granted.vcpus = 1;
+  if (res->granted.min_memory_mib == 0)
+    res->granted.min_memory_mib = 512;
+  copy_str(res->granted.region, sizeof(res->granted.region), res->region);
+  res->granted.isolation = res->isolation;
+}
+
+static int64_t wall_ms(void)
+{
+  uv_timeval64_t tv;
+  if (uv_gettimeofday(&tv) != 0)
+    return 0;
+  return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+/* An honest provider refuses what it cannot give (placement should never
+ * ask, but a misconfigured manifest must not turn into a silent downgrade). */
+static int spec_unsupported(sim_t *s, const osr_sandbox_spec_t *spec)
+{
+  if (s->accept_any)
+    return 0;
+  if (spec->isolation != OSR_ISO_NONE && !(s->iso_mask & (1u << spec->isolation)))
+    return 1;
+  if (spec->isolation < spec->caps.isolation)
+    return 1;
+  if (spec->region != NULL && spec->region[0] != '\0') {
+    size_t i;
+    for (i = 0; i < s->nregions; i++)
+      if (strcmp(s->regions[i], spec->region) == 0)
+        break;
+    if (i == s->nregions)
+      return 1;
+  }
+  if (spec->caps.gpu_count > s->gpu_max || (spec->caps.snapshot && !s->snapshot) ||
+      spec->caps.nports > s->max_ports)
+    return 1;
+  return 0;
+}
+
+static void on_create_latency(sim_op_t *op)
+{
+  sim_t *s = op->sim;
+  if (op->status == 0) {
+    sim_res_t *r = find_res(s, op->provider_id);
+    if (r == NULL) {
+      /* Destroyed while it was starting: it never became ready. */
+      op->status = OSR_PERR_BOOT_FAILED;
+    } else if (op->boot_fail) {
+      /* Accepted, then never ready: destroy the half-created resource, as
+       * the adapter contract requires. */
+      remove_res(s, r);
+      op->status = OSR_PERR_BOOT_FAILED;
+      notify(s);
+    } else {
+      r->r.state = OSR_RES_RUNNING;
+      op->res = r->r;
+      notify(s);
+    }
+  }
+  deliver(op);
+}
+
+static void run_local(sim_op_t *op)
+{
+  sim_t *s = op->sim;
+  sim_res_t *r = find_res(s, op->provider_id);
+  switch (op->kind) {
+  case OP_DESTROY:
+    if (r == NULL) {
+      op->status = OSR_PERR_NOT_FOUND;
+    } else {
+      remove_res(s, r);
+      notify(s);
+    }
+    break;
+  case OP_GET:
+    if (r == NULL)
+      op->status = OSR_PERR_NOT_FOUND;
+    else
+      op->res = r->r;
+    break;
+  case OP_LIST:
+    if (s->nres > 0) {
+      op->list = osr_try_malloc(s->nres * sizeof(*op->list));
+      if (op->list == NULL) {
+        op->status = OSR_ENOMEM;
+        break;
+      }
+      for (size_t i = 0; i < s->nres; i++)
+        op->list[i] = s->res[i].r;
+      op->nlist = s->nres;
+    }
+    break;
+  }
+}
+
+static void op_start_http(sim_op_t *op);
+
+static void on_op_timer(uv_timer_t *t)
+{
+  sim_op_t *op = t->data;
+  sim_t *s = op->sim;
+  if (op->resend) {
+    op->resend = 0;
+    op_start_http(op);
+    return;
+  }
+  if (op->finishing) {
+    deliver(op);
+    return;
+  }
+  if (s->url_mode) /* not reached: url-mode ops only use op_finish */
+    return;
+  if (op->kind == OP_CREATE)
+    on_create_latency(op);
+  else {
+    run_local(op);
+    deliver(op);
+  }
+}
+
+/* ---- url mode: the osr-sim HTTP API ---------------------------------------- */
+
+static int map_http_error(int http_status, const char *name)
+{
+  int code = name != NULL ? osr__sim_err_parse(name) : 0;
+  if (code != 0)
+    return code;
+  switch (http_status) {
+  case 400:
+  case 422:
+    return OSR_PERR_INVALID;
+  case 401:
+  case 403:
+    return OSR_PERR_AUTH;
+  case 404:
+    return OSR_PERR_NOT_FOUND;
+  case 408:
+  case 504:
+    return OSR_PERR_TIMEOUT;
+  case 429:
+    return OSR_PERR_RATE_LIMITED;
+  case 507:
+    return OSR_PERR_CAPACITY;
+  default:
+    return OSR_PERR_UNAVAILABLE;
+  }
+}
+
+static void http_done(sim_op_t *op)
+{
+  json_error_t jerr;
+  const char *body = osr_buf_data(&op->resp);
+  json_t *j = body != NULL ? json_loadb(body, op->resp.len, 0, &jerr) : NULL;
+  int st = op->http_status;
+  int status = 0;
+
+  if (st < 200 || st > 299) {
+    const char *name = NULL;
+    if (j != NULL)
+      json_unpack(j, "{s:s}", "error", &name);
+    status = map_http_error(st, name);
+  } else if (op->kind == OP_CREATE || op->kind == OP_GET) {
+    if (j == NULL || osr__sim_resource_from_json(j, &op->res, NULL) != 0)
+      status = OSR_PERR_UNAVAILABLE; /* osr-sim answered nonsense */
+  } else if (op->kind == OP_LIST) {
+    json_t *arr = j != NULL ? json_object_get(j, "resources") : NULL;
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr)) {
+      status = OSR_PERR_UNAVAILABLE;
+    } else if (n > 0) {
+      op->list = osr_try_malloc(n * sizeof(*op->list));
+      if (op->list == NULL) {
+        status = OSR_ENOMEM;
+      } else {
+        for (size_t i = 0; i < n && status == 0; i++)
+          if (osr__sim_resource_from_json(json_array_get(arr, i), &op->list[i], NULL) != 0)
+            status = OSR_PERR_UNAVAILABLE;
+        op->nlist = n;
+      }
+    }
+  }
+  json_decref(j);
+  op_finish(op, status);
+}
+
+static void on_http_response(osr_http_creq_t *r, int status, const osr_http_header_t *h,
+                             size_t nh, void *data)
+{
+  sim_op_t *op = data;
+  op->http_status = status;
+}
+
+static void on_http_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
+{
+  sim_op_t *op = data;
+  sim_t *s = op->sim;
+  if (status == 0) {
+    if (osr_buf_append(&op->resp, chunk->base, chunk->len) != 0)
+      osr_http_creq_cancel(r); /* final on_body follows with OSR_ECANCELED */
+    return;
+  }
+  /* The final callback: the request is freed after it returns. */
+  op->creq = NULL;
+  op->creq_live = 0;
+  if (status == OSR_EOF) {
+    http_done(op);
+  } else if (status == OSR_ECLOSED && !s->closing && op->attempts < 2) {
+    /* Never reached the wire (the connection had died): safe to send
+     * again on a new connection, from the timer (not inside the client's
+     * callback). */
+    s->http_dead = 1;
+    op->resend = 1;
+    uv_timer_start(&op->timer, on_op_timer, 0, 0);
+  } else {
+    if (status != OSR_ECANCELED)
+      s->http_dead = 1;
+    /* A reset, an oversized or cut answer: osr-sim is not answering
+     * properly, which is what "unavailable" means to the caller. */
+    op_finish(op, s->closing                ? OSR_ECANCELED
+                  : status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT
+                                            : OSR_PERR_UNAVAILABLE);
+  }
+  maybe_free(op);
+}
+
+static const osr_http_client_events_t http_events = {
+  .on_response = on_http_response,
+  .on_body = on_http_body,
+};
+
+static void on_http_written(osr_http_creq_t *r, int status, void *arg)
+{
+  /* Nothing to do: the body lives in the op until the request ends. */
+}
+
+static void start_connect(sim_t *s);
+
+static void op_start_http(sim_op_t *op)
+{
+  sim_t *s = op->sim;
+  if (s->closing) {
+    op_finish(op, OSR_ECANCELED);
+    return;
+  }
+  if (s->http != NULL && s->http_dead) {
+    osr_http_client_close(s->http);
+    s->http = NULL;
+    s->http_dead = 0;
+  }
+  if (s->http == NULL) {
+    op->waiting = 1;
+    if (!s->connecting)
+      start_connect(s);
+    return;
+  }
+  op->attempts++;
+  osr_http_header_t hdr[1] = {{OSR_IOV_LIT("content-type"), OSR_IOV_LIT("application/json")}};
+  size_t blen = op->req_body != NULL ? strlen(op->req_body) : 0;
+  osr_http_client_req_t req = {
+    .method = op->method,
+    .target = op->target,
+    .headers = hdr,
+    .nheaders = blen > 0 ? 1 : 0,
+    .content_length = (int64_t)blen,
+  };
+  int rv = osr_http_client_request(s->http, &req, &http_events, op, &op->creq);
+  if (rv == OSR_ECLOSED && op->attempts < 2) {
+    s->http_dead = 1;
+    op_start_http(op);
+    return;
+  }
+  if (rv != 0) {
+    s->http_dead = 1;
+    op_finish(op, OSR_PERR_UNAVAILABLE);
+    return;
+  }
+  op->creq_live = 1;
+  if (blen > 0) {
+    osr_iovec_t iov = osr_iov(op->req_body, blen);
+    if (osr_http_creq_write(op->creq, &iov, 1, 1, on_http_written, op) != 0)
+      osr_http_creq_cancel(op->creq); /* its final on_body reports the failure */
+  }
+}
+
+static void fail_waiting(sim_t *s, int status)
+{
+  for (sim_op_t *op = s->ops_head; op != NULL; op = op->next) {
+    if (op->waiting) {
+      op->waiting = 0;
+      op_finish(op, status);
+    }
+  }
+}
+
+static void on_connect(osr_http_client_t *c, int status, void *data)
+{
+  sim_t *s = data;
+  s->connecting = 0;
+  if (s->closing) {
+    if (c != NULL)
+      osr_http_client_close(c);
+    fail_waiting(s, OSR_ECANCELED);
+    try_finish_close(s);
+    return;
+  }
+  if (status != 0) {
+    OSR_LOG_DEBUG(MOD, "%s: connect %s: %s", s->p->name, s->addr, osr_strerror(status));
+    /* Connection refused, reset or timed out: the provider is down. */
+    fail_waiting(s, status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT : OSR_PERR_UNAVAILABLE);
+    return;
+  }
+  s->http = c;
+  s->http_dead = 0;
+  /* op_start_http never unlinks ops (only freeing does, later), so walking
+   * the list while sending is safe. */
+  for (sim_op_t *op = s->ops_head; op != NULL; op = op->next) {
+    if (op->waiting) {
+      op->waiting = 0;
+      op_start_http(op);
+    }
+  }
+}
+
+static void start_connect(sim_t *s)
+{
+  osr_http_client_opts_t o;
+  memset(&o, 0, sizeof(o));
+  /* HTTP/2 with prior knowledge: one connection carries every concurrent
+   * request, where HTTP/1.1 would queue them behind each other. */
+  o.h2_prior_knowledge = 1;
+  o.connect_timeout_ms = s->timeout_ms < 5000 ? s->timeout_ms : 5000;
+  o.idle_timeout_ms = s->timeout_ms;
+  int rv = osr_http_client_connect(s->p->loop, s->addr, &o, on_connect, s);
+  if (rv != 0) {
+    fail_waiting(s, OSR_PERR_UNAVAILABLE);
+    return;
+  }
+  s->connecting = 1;
+}
+
+static void set_target(sim_op_t *op, const char *method, const char *prefix, const char *rest)
+{
+  copy_str(op->method, sizeof(op->method), method);
+  snprintf(op->target, sizeof(op->target), "%s%s", prefix, rest);
+}
+
+/* Ids go into a URL path: accept only what a sim id can contain. */
+static int id_ok(const char *id)
+{
+  size_t n = strlen(id);
+  if (n == 0 || n >= 128)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = id[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          ch == '-' || ch == '_' || ch == '.'))
+      return 0;
+  }
+  return 1;
+}
+
+/* ---- adapter operations ------------------------------------------------------ */
+
+static json_t *caps_json(const osr_capabilities_t *c)
+{
+  json_t *ports = json_array();
+  for (size_t i = 0; i < c->nports && i < OSR_MAX_PORTS; i++)
+    json_array_append_new(ports, json_integer(c->ports[i]));
+  return json_pack("{s:I,s:I,s:{s:I,s:s},s:b,s:o}", "vcpus", (json_int_t)c->vcpus, "memoryMiB",
+                   (json_int_t)c->min_memory_mib, "gpu", "count", (json_int_t)c->gpu_count, "type",
+                   c->gpu_type, "snapshot", c->snapshot, "ports", ports);
+}
+
+static int sim_create(osr_provider_t *p, const osr_sandbox_spec_t *spec, osr_provider_create_cb cb,
+                      void *data)
+{
+  sim_t *s = p->impl;
+  if (s->closing)
+    return OSR_ECLOSED;
+  if (spec == NULL || cb == NULL || spec->sandbox_id == NULL || spec->sandbox_id[0] == '\0' ||
+      strlen(spec->sandbox_id) >= OSR_NAME_MAX)
+    return OSR_EINVAL;
+  sim_op_t *op = op_new(s, OP_CREATE, data);
+  op->cb.create = cb;
+
+  if (s->url_mode) {
+    const char *iso = osr_isolation_name(spec->isolation);
+    json_t *b = json_pack("{s:s,s:s,s:s,s:s?,s:s,s:I,s:o,s:{s:s,s:s}}", "sandbox_id",
+                          spec->sandbox_id, "tenant", spec->tenant != NULL ? spec->tenant : "",
+                          "template", spec->template_id != NULL ? spec->template_id : "",
+                          "isolation", iso, "region", spec->region != NULL ? spec->region : "",
+                          "timeout_s", (json_int_t)spec->timeout_s, "caps", caps_json(&spec->caps),
+                          "labels", OSR_LABEL_SANDBOX_ID, spec->sandbox_id, OSR_LABEL_TENANT,
+                          spec->tenant != NULL ? spec->tenant : "");
+    op->req_body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
+    json_decref(b);
+    if (op->req_body == NULL) {
+      op_finish(op, OSR_ENOMEM);
+      return 0;
+    }
+    set_target(op, "POST", "/v1/resources", "");
+    op_start_http(op);
+    return 0;
+  }
+
+  /* Every create draws the same numbers in the same order, so a seeded
+   * run is reproducible whatever the outcomes. */
+  double r_fail = rnd(s), r_boot = rnd(s), r_jit = rnd(s);
+  double lat = s->latency_ms + (r_jit * 2 - 1) * s->jitter_ms;
+  if (lat < 0)
+    lat = 0;
+  if (r_fail < s->failure_rate) {
+    op->status = s->error;
+  } else if (spec_unsupported(s, spec)) {
+    op->status = OSR_PERR_INVALID;
+  } else if ((s->capacity != 0 && s->nres >= s->capacity) || s->nres >= SIM_MAX_RESOURCES) {
+    op->status = OSR_PERR_CAPACITY;
+  } else {
+    /* The resource exists (labelled, "starting") from the moment the
+     * provider accepted the create, as with real providers: a gateway that
+     * crashes now finds it in list(). */
+    sim_res_t *r = insert_res(s);
+    fill_resource(s, r, spec);
+    r->created_ms = wall_ms();
+    copy_str(op->provider_id, sizeof(op->provider_id), r->r.provider_id);
+    op->boot_fail = r_boot < s->boot_failure_rate;
+    notify(s);
+  }
+  uv_timer_start(&op->timer, on_op_timer, (uint64_t)llround(lat), 0);
+  return 0;
+}
+
+static int start_simple(osr_provider_t *p, int kind, const char *provider_id, void *cb, void *data)
+{
+  sim_t *s = p->impl;
+  if (s->closing)
+    return OSR_ECLOSED;
+  if (cb == NULL || (kind != OP_LIST && provider_id == NULL))
+    return OSR_EINVAL;
+  sim_op_t *op = op_new(s, kind, data);
+  switch (kind) {
+  case OP_DESTROY:
+    op->cb.done = (osr_provider_done_cb)cb;
+    break;
+  case OP_GET:
+    op->cb.get = (osr_provider_get_cb)cb;
+    break;
+  default:
+    op->cb.list = (osr_provider_list_cb)cb;
+    break;
+  }
+  if (provider_id != NULL)
+    copy_str(op->provider_id, sizeof(op->provider_id), provider_id);
+  if (!s->url_mode) {
+    uv_timer_start(&op->timer, on_op_timer, 0, 0);
+    return 0;
+  }
+  if (kind != OP_LIST && !id_ok(provider_id)) {
+    op_finish(op, OSR_PERR_NOT_FOUND); /* no such id can exist */
+    return 0;
+  }
+  if (kind == OP_DESTROY)
+    set_target(op, "DELETE", "/v1/resources/", provider_id);
+  else if (kind == OP_GET)
+    set_target(op, "GET", "/v1/resources/", provider_id);
+  else
+    set_target(op, "GET", "/v1/resources?label=", OSR_LABEL_SANDBOX_ID);
+  op_start_http(op);
+  return 0;
+}
+
+static int sim_destroy(osr_provider_t *p, const char *id, osr_provider_done_cb cb, void *data)
+{
+  return start_simple(p, OP_DESTROY, id, (void *)cb, data);
+}
+
+static int sim_get(osr_provider_t *p, const char *id, osr_provider_get_cb cb, void *data)
+{
+  return start_simple(p, OP_GET, id, (void *)cb, data);
+}
+
+static int sim_list(osr_provider_t *p, osr_provider_list_cb cb, void *data)
+{
+  return start_simple(p, OP_LIST, NULL, (void *)cb, data);
+}
+
+/* ---- close -------------------------------------------------------------------- */
+
+static void on_close_timer_closed(uv_handle_t *h)
+{
+  sim_t *s = h->data;
+  osr_provider_t *p = s->p;
+  void (*cb)(osr_provider_t *) = s->close_cb;
+  osr_free(s->res);
+  osr_free(s);
+  p->impl = NULL;
+  if (cb != NULL)
+    cb(p);
+}
+
+static void try_finish_close(sim_t *s)
+{
+  if (s->close_done || s->nops > 0 || s->connecting)
+    return;
+  s->close_done = 1;
+  /* Closing a handle always completes on a later loop turn, so the close
+   * callback never runs inside sim_close(). */
+  uv_close((uv_handle_t *)&s->close_timer, on_close_timer_closed);
+}
+
+static void sim_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
+{
+  sim_t *s = p->impl;
+  if (s->closing)
+    return;
+  s->closing = 1;
+  s->close_cb = cb;
+  uv_timer_init(p->loop, &s->close_timer);
+  s->close_timer.data = s;
+  for (sim_op_t *op = s->ops_head; op != NULL; op = op->next) {
+    op->waiting = 0;
+    if (op->creq_live)
+      continue; /* cancelled with the connection below */
+    op_finish(op, OSR_ECANCELED);
+  }
+  if (s->http != NULL) {
+    /* Outstanding requests end with OSR_ECANCELED in on_http_body. */
+    osr_http_client_t *c = s->http;
+    s->http = NULL;
+    osr_http_client_close(c);
+  }
+  try_finish_close(s);
+}
+
+const osr_adapter_t osr_adapter_sim = {
+  .version = OSR_ADAPTER_VERSION,
+  .type = "sim",
+  .init = sim_init,
+  .describe = sim_describe,
+  .create = sim_create,
+  .destroy = sim_destroy,
+  .get = sim_get,
+  .list = sim_list,
+  .pause = NULL,
+  .resume = NULL,
+  .close = sim_close,
+};
