@@ -1,0 +1,138 @@
+/*
+ * The one schema of the binding store, its versioned migrations and the text
+ * of every fixed statement, shared by the SQLite and PostgreSQL backends.
+ *
+ * Portability rules kept here so both databases run the same text:
+ *  - types are TEXT, INTEGER and BIGINT only; the auto-increment key of the
+ *    audit log is the one spelling that differs (@SERIAL_PK@);
+ *  - parameters are $1..$N (PostgreSQL's syntax; SQLite reads "$1" as a named
+ *    parameter, and the SQLite backend binds by name, so order of appearance
+ *    does not matter);
+ *  - ON CONFLICT DO NOTHING without a target (SQLite >= 3.24, PostgreSQL
+ *    >= 9.5) covers every unique index, including the partial one on
+ *    (tenant, idem_key);
+ *  - CASE instead of max()/GREATEST(), which the two spell differently.
+ *
+ * Metadata filtering: bindings.metadata_json keeps the document as given, and
+ * binding_metadata(binding_id, k, v) holds one row per entry, written in the
+ * same transaction as the binding (metadata is immutable after create). A
+ * filter k=v is an indexed lookup on (k, v) in either database; JSON
+ * functions would have needed two dialects and an expression index per key.
+ *
+ * Migrations only ever append: a released version is never edited. Each runs
+ * in one transaction with schema_migrations updated in it, under a lock that
+ * keeps two gateways starting at once from racing (see store.c migrate()).
+ */
+#include "store/store_int.h"
+
+#define OSR__B_COLS                                                                           \
+  "id, tenant, idem_key, request_hash, template_id, provider, provider_id, region, isolation, " \
+  "agent_endpoint, state, attempt, created_ms, updated_ms, expires_ms, idle_timeout_ms, "       \
+  "last_activity_ms, ended_ms, end_reason, request_json, granted_json, metadata_json, error_json"
+
+#define OSR__A_COLS "seq, at_ms, tenant, actor, action, sandbox_id, outcome, detail_json"
+#define OSR__K_COLS "key_id, tenant, role, hash, name, created_ms, revoked_ms"
+
+const char osr__sql_binding_select[] = "SELECT " OSR__B_COLS " FROM bindings";
+const char osr__sql_audit_select[] = "SELECT " OSR__A_COLS " FROM audit";
+
+const char *const osr__stmt_sql[OSR__ST_COUNT] = {
+  [OSR__ST_BEGIN] = NULL, /* backend's begin_sql */
+  [OSR__ST_COMMIT] = "COMMIT",
+  [OSR__ST_ROLLBACK] = "ROLLBACK",
+  [OSR__ST_B_INSERT] =
+    "INSERT INTO bindings (" OSR__B_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
+    "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) ON CONFLICT DO NOTHING",
+  /* idem_key <> '' repeats the partial index's predicate so the planner may
+   * use that index whatever the parameter's value. */
+  [OSR__ST_B_BY_KEY] = "SELECT " OSR__B_COLS
+                       " FROM bindings WHERE tenant = $1 AND idem_key = $2 AND idem_key <> ''",
+  [OSR__ST_B_BY_ID] = "SELECT " OSR__B_COLS " FROM bindings WHERE id = $1",
+  /* last_activity_ms only moves forward: an update built from a stale copy
+   * must not undo touches that landed in between. */
+  [OSR__ST_B_UPDATE] =
+    "UPDATE bindings SET provider = $2, provider_id = $3, region = $4, isolation = $5, "
+    "agent_endpoint = $6, state = $7, attempt = $8, updated_ms = $9, expires_ms = $10, "
+    "idle_timeout_ms = $11, last_activity_ms = CASE WHEN last_activity_ms > $12 THEN "
+    "last_activity_ms ELSE $12 END, ended_ms = $13, end_reason = $14, granted_json = $15, "
+    "error_json = $16 WHERE id = $1",
+  [OSR__ST_B_TOUCH] =
+    "UPDATE bindings SET last_activity_ms = $2 WHERE id = $1 AND last_activity_ms < $2",
+  [OSR__ST_META_INSERT] =
+    "INSERT INTO binding_metadata (binding_id, k, v) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+  [OSR__ST_KEY_INSERT] = "INSERT INTO api_keys (" OSR__K_COLS
+                         ") VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+  [OSR__ST_KEY_LOOKUP] = "SELECT " OSR__K_COLS " FROM api_keys WHERE hash = $1 AND revoked_ms = 0",
+  [OSR__ST_KEY_LIST_ALL] = "SELECT " OSR__K_COLS " FROM api_keys ORDER BY created_ms, key_id LIMIT $1",
+  [OSR__ST_KEY_LIST_TENANT] = "SELECT " OSR__K_COLS
+                              " FROM api_keys WHERE tenant = $1 ORDER BY created_ms, key_id LIMIT $2",
+  /* Revoking twice keeps the first revocation time (idempotent). */
+  [OSR__ST_KEY_REVOKE] = "UPDATE api_keys SET revoked_ms = CASE WHEN revoked_ms = 0 THEN $2 ELSE "
+                         "revoked_ms END WHERE key_id = $1",
+  [OSR__ST_AUDIT_INSERT] = "INSERT INTO audit (at_ms, tenant, actor, action, sandbox_id, outcome, "
+                           "detail_json) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+};
+
+static const char migration_1[] =
+  "CREATE TABLE bindings ("
+  " id TEXT PRIMARY KEY,"
+  " tenant TEXT NOT NULL,"
+  " idem_key TEXT NOT NULL DEFAULT '',"
+  " request_hash TEXT NOT NULL DEFAULT '',"
+  " template_id TEXT NOT NULL DEFAULT '',"
+  " provider TEXT NOT NULL DEFAULT '',"
+  " provider_id TEXT NOT NULL DEFAULT '',"
+  " region TEXT NOT NULL DEFAULT '',"
+  " isolation INTEGER NOT NULL DEFAULT 0,"
+  " agent_endpoint TEXT NOT NULL DEFAULT '',"
+  " state INTEGER NOT NULL,"
+  " attempt INTEGER NOT NULL DEFAULT 0,"
+  " created_ms BIGINT NOT NULL,"
+  " updated_ms BIGINT NOT NULL,"
+  " expires_ms BIGINT NOT NULL DEFAULT 0,"
+  " idle_timeout_ms BIGINT NOT NULL DEFAULT 0,"
+  " last_activity_ms BIGINT NOT NULL DEFAULT 0,"
+  " ended_ms BIGINT NOT NULL DEFAULT 0,"
+  " end_reason TEXT NOT NULL DEFAULT '',"
+  " request_json TEXT,"
+  " granted_json TEXT,"
+  " metadata_json TEXT,"
+  " error_json TEXT);"
+  /* Exactly one row per (tenant, key) from any number of gateways. */
+  "CREATE UNIQUE INDEX bindings_idem ON bindings (tenant, idem_key) WHERE idem_key <> '';"
+  /* Pagination is by (created_ms, id), per tenant or across tenants. */
+  "CREATE INDEX bindings_tenant_created ON bindings (tenant, created_ms, id);"
+  "CREATE INDEX bindings_created ON bindings (created_ms, id);"
+  "CREATE INDEX bindings_state ON bindings (state);"
+  "CREATE INDEX bindings_expires ON bindings (expires_ms) WHERE expires_ms <> 0;"
+  "CREATE TABLE binding_metadata ("
+  " binding_id TEXT NOT NULL REFERENCES bindings (id) ON DELETE CASCADE,"
+  " k TEXT NOT NULL,"
+  " v TEXT NOT NULL,"
+  " PRIMARY KEY (binding_id, k));"
+  "CREATE INDEX binding_metadata_kv ON binding_metadata (k, v, binding_id);"
+  "CREATE TABLE api_keys ("
+  " key_id TEXT PRIMARY KEY,"
+  " tenant TEXT NOT NULL,"
+  " role INTEGER NOT NULL,"
+  " hash TEXT NOT NULL UNIQUE,"
+  " name TEXT NOT NULL DEFAULT '',"
+  " created_ms BIGINT NOT NULL,"
+  " revoked_ms BIGINT NOT NULL DEFAULT 0);"
+  "CREATE INDEX api_keys_tenant ON api_keys (tenant, created_ms);"
+  /* Append-only: the store never updates or deletes audit rows. */
+  "CREATE TABLE audit ("
+  " seq @SERIAL_PK@,"
+  " at_ms BIGINT NOT NULL,"
+  " tenant TEXT NOT NULL,"
+  " actor TEXT NOT NULL,"
+  " action TEXT NOT NULL,"
+  " sandbox_id TEXT NOT NULL DEFAULT '',"
+  " outcome TEXT NOT NULL,"
+  " detail_json TEXT);"
+  "CREATE INDEX audit_tenant_seq ON audit (tenant, seq)";
+
+const osr__migration_t osr__migrations[] = {
+  {1, migration_1},
+};
+const size_t osr__nmigrations = OSR_ARRAY_SIZE(osr__migrations);

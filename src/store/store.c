@@ -1,0 +1,1662 @@
+/*
+ * The binding store, backend-independent part: argument checks, the request
+ * queue, the worker threads with group commit, the uv_async_t that brings
+ * results back to the loop thread, and every operation written once against
+ * the SQL layer of store_int.h.
+ *
+ * Life of a request. osr_store_*() validates and copies its arguments into an
+ * osr__req_t (the caller's memory may go away at once), appends it to the
+ * queue and wakes one worker. A worker takes everything queued (up to
+ * OSR__STORE_BATCH_MAX), runs it in ONE transaction, appends the requests to
+ * the done list and pokes the async handle; the loop thread then calls each
+ * callback and frees the request. Because every result travels through the
+ * done list, a callback never runs inside the call that queued it, including
+ * the early failures (queue full, database down).
+ *
+ * Group commit is where the throughput comes from: while one commit is being
+ * written (and, with sync=full, fsynced), new requests pile up and the next
+ * batch commits them all with one more write. Reads ride in the same
+ * transaction; they see the batch's own earlier writes.
+ *
+ * Failure handling inside a batch. A request whose logical answer is "not
+ * found" or "already exists" is not a failure: it sets its own status and the
+ * batch goes on. A statement that fails (PostgreSQL then aborts the whole
+ * transaction) rolls the batch back and every request in it is run again in a
+ * transaction of its own, so one bad request cannot fail its neighbours. A
+ * lost connection is retried once on a fresh connection when nothing can
+ * have been committed (the failure came before COMMIT was sent); otherwise
+ * the batch answers OSR_EUNAVAILABLE.
+ *
+ * Fast failure while the database is down: after a failed connect every
+ * worker fails what it takes from the queue at once for CIRCUIT_MS before any
+ * worker tries to connect again (a circuit in the store shared by all
+ * workers), so the API answers `unavailable` in microseconds instead of
+ * queueing behind connect timeouts.
+ *
+ * Close: osr_store_close refuses new calls, lets the workers drain the queue,
+ * and each worker frees its connection on its own thread and exits. When the
+ * last has exited and its results have been delivered, the loop thread joins
+ * the threads and closes the async handle; its close callback frees the
+ * store and calls the user's callback.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "store/store_int.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define CIRCUIT_MS 500
+
+typedef enum req_op_e {
+  OP_OPEN = 1,
+  OP_CREATE,
+  OP_UPDATE,
+  OP_GET,
+  OP_LIST,
+  OP_TOUCH,
+  OP_KEY_PUT,
+  OP_KEY_LOOKUP,
+  OP_KEY_LIST,
+  OP_KEY_REVOKE,
+  OP_AUDIT_APPEND,
+  OP_AUDIT_LIST,
+} req_op_t;
+
+/* One metadata entry, flattened from the JSON object on the loop thread. */
+typedef struct meta_kv_s {
+  char *k;
+  char *v;
+} meta_kv_t;
+
+typedef struct osr__req_s osr__req_t;
+struct osr__req_s {
+  osr__req_t *next;
+  req_op_t op;
+  int status;
+  uint64_t t0;                    /* uv_hrtime() at submission */
+  union {
+    void (*any)(void);            /* what req_new stores; read as the typed member */
+    osr_store_open_cb open;
+    osr_store_done_cb done;
+    osr_store_binding_cb binding;
+    osr_store_list_cb list;
+    osr_store_key_cb key;
+    osr_store_keys_cb keys;
+    osr_store_audit_cb audit;
+  } cb;
+  void *data;
+  union {
+    struct {                      /* CREATE, UPDATE, GET */
+      osr_binding_t b;            /* input (create/update; GET: only the id) */
+      osr_binding_t out;          /* GET's row, or CREATE's existing row */
+      int created;
+      int any_tenant;             /* GET with tenant NULL */
+      char tenant[OSR_TENANT_MAX];
+      meta_kv_t *meta;            /* CREATE */
+      size_t nmeta;
+    } bind;
+    struct {                      /* LIST */
+      int has_tenant;
+      char tenant[OSR_TENANT_MAX];
+      unsigned state_mask;
+      meta_kv_t *filters;
+      size_t nfilters;
+      int has_cursor;
+      int64_t cur_created;
+      char cur_id[OSR_ID_MAX];
+      size_t limit;
+      int64_t expires_before_ms;
+      osr_binding_t *items;       /* output */
+      size_t n;
+      char next_cursor[OSR_ID_MAX + 24];
+    } list;
+    struct {                      /* TOUCH */
+      char id[OSR_ID_MAX];
+      int64_t at_ms;
+      osr__req_t *leader;         /* coalesced into this request's update */
+    } touch;
+    struct {                      /* KEY_PUT, KEY_LOOKUP, KEY_REVOKE */
+      osr_api_key_t k;
+      int64_t at_ms;
+    } key;
+    struct {                      /* KEY_LIST */
+      int has_tenant;
+      char tenant[OSR_TENANT_MAX];
+      osr_api_key_t *items;
+      size_t n;
+    } keys;
+    struct {                      /* AUDIT_APPEND */
+      osr_audit_event_t ev;
+    } audit;
+    struct {                      /* AUDIT_LIST */
+      int has_tenant;
+      char tenant[OSR_TENANT_MAX];
+      int64_t before_seq;         /* 0 = newest */
+      size_t limit;
+      osr_audit_event_t *items;
+      size_t n;
+      char next_cursor[24];
+    } alist;
+  } u;
+};
+
+struct osr_store_s {
+  uv_loop_t *loop;
+  uv_async_t async;
+  const osr__db_vtbl_t *be;
+  osr__store_cfg_t cfg;
+
+  /* Loop thread only. */
+  int closing;                    /* osr_store_close was called */
+  int close_started;              /* uv_close(&async) was called */
+  void (*close_cb)(void *data);
+  void *close_data;
+  size_t outstanding;             /* submitted, callback not yet called */
+  uint64_t last_latency_us;
+
+  /* Shared with the workers, under mu. */
+  uv_mutex_t mu;
+  uv_cond_t cv;
+  osr__req_t *q_head, *q_tail;
+  size_t q_len;
+  osr__req_t *done_head, *done_tail;
+  int stopping;
+  int exited;
+
+  int nworkers;
+  int no_workers;                 /* none could be started: shed everything */
+  uv_thread_t *threads;
+
+  /* Shared by the workers without the queue lock. */
+  uv_mutex_t migrate_mu;
+  atomic_int migrated;
+  atomic_llong circuit_until_ms;  /* monotonic ms; connect attempts wait until then */
+};
+
+/* ---- small helpers ------------------------------------------------------------ */
+
+int64_t osr__store_mono_ms(void)
+{
+  return (int64_t)(uv_hrtime() / 1000000u);
+}
+
+static int64_t wall_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const osr__store_cfg_t *osr__store_cfg(const osr_store_t *st)
+{
+  return &st->cfg;
+}
+
+osr__store_cfg_t *osr__store_cfg_mut(osr_store_t *st)
+{
+  return &st->cfg;
+}
+
+/* Copy a NUL-terminated string into a fixed array, truncating. */
+static void scpy(char *dst, size_t cap, const char *src)
+{
+  size_t n;
+  if (src == NULL)
+    src = "";
+  n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
+/* 1 if `s` is NUL-terminated within `cap` bytes (callers' fixed arrays). */
+static int fits(const char *s, size_t cap)
+{
+  return s != NULL && memchr(s, '\0', cap) != NULL;
+}
+
+static int json_ok(const char *s)
+{
+  return s == NULL || strnlen(s, OSR__STORE_JSON_MAX + 1) <= OSR__STORE_JSON_MAX;
+}
+
+static char *dup_or_null(const char *s)
+{
+  return s != NULL ? osr_xstrdup(s) : NULL;
+}
+
+/* ---- bindings: value helpers ---------------------------------------------------- */
+
+static const char *const state_names[] = {
+  [OSR_BINDING_CREATING] = "creating", [OSR_BINDING_RUNNING] = "running",
+  [OSR_BINDING_PAUSED] = "paused",     [OSR_BINDING_ENDED] = "ended",
+  [OSR_BINDING_FAILED] = "failed",     [OSR_BINDING_LOST] = "lost",
+};
+
+const char *osr_binding_state_name(osr_binding_state_t s)
+{
+  if ((int)s <= 0 || (size_t)s >= OSR_ARRAY_SIZE(state_names))
+    return "unknown";
+  return state_names[s];
+}
+
+osr_binding_state_t osr_binding_state_parse(const char *s)
+{
+  size_t i;
+  if (s == NULL)
+    return (osr_binding_state_t)0;
+  for (i = 1; i < OSR_ARRAY_SIZE(state_names); i++)
+    if (strcmp(s, state_names[i]) == 0)
+      return (osr_binding_state_t)i;
+  return (osr_binding_state_t)0;
+}
+
+void osr_binding_init(osr_binding_t *b)
+{
+  memset(b, 0, sizeof(*b));
+}
+
+void osr_binding_dispose(osr_binding_t *b)
+{
+  osr_freep(&b->request_json);
+  osr_freep(&b->granted_json);
+  osr_freep(&b->metadata_json);
+  osr_freep(&b->error_json);
+}
+
+void osr_binding_copy(osr_binding_t *dst, const osr_binding_t *src)
+{
+  if (dst == src)
+    return;
+  memcpy(dst, src, sizeof(*dst));
+  dst->request_json = dup_or_null(src->request_json);
+  dst->granted_json = dup_or_null(src->granted_json);
+  dst->metadata_json = dup_or_null(src->metadata_json);
+  dst->error_json = dup_or_null(src->error_json);
+}
+
+static int binding_strings_ok(const osr_binding_t *b)
+{
+  return fits(b->id, sizeof(b->id)) && fits(b->tenant, sizeof(b->tenant)) &&
+         fits(b->idem_key, sizeof(b->idem_key)) && fits(b->request_hash, sizeof(b->request_hash)) &&
+         fits(b->template_id, sizeof(b->template_id)) && fits(b->provider, sizeof(b->provider)) &&
+         fits(b->provider_id, sizeof(b->provider_id)) && fits(b->region, sizeof(b->region)) &&
+         fits(b->agent_endpoint, sizeof(b->agent_endpoint)) &&
+         fits(b->end_reason, sizeof(b->end_reason)) && json_ok(b->request_json) &&
+         json_ok(b->granted_json) && json_ok(b->metadata_json) && json_ok(b->error_json);
+}
+
+static void meta_free(meta_kv_t *m, size_t n)
+{
+  size_t i;
+  for (i = 0; i < n; i++) {
+    osr_free(m[i].k);
+    osr_free(m[i].v);
+  }
+  osr_free(m);
+}
+
+/* Flatten a metadata document: a JSON object whose values are all strings,
+ * with bounded key/value sizes and entry count. Runs on the loop thread at
+ * call time so a bad document is an OSR_EINVAL return, as for any other bad
+ * argument; the document is at most OSR__STORE_JSON_MAX bytes. */
+static int meta_parse(const char *text, meta_kv_t **out, size_t *nout)
+{
+  json_t *root, *val;
+  json_error_t err;
+  const char *key;
+  meta_kv_t *m = NULL;
+  size_t n = 0;
+  int rv = 0;
+
+  *out = NULL;
+  *nout = 0;
+  if (text == NULL || *text == '\0')
+    return 0;
+  root = json_loads(text, JSON_REJECT_DUPLICATES, &err);
+  if (root == NULL || !json_is_object(root) || json_object_size(root) > OSR__STORE_META_KEYS_MAX) {
+    json_decref(root);
+    return OSR_EINVAL;
+  }
+  if (json_object_size(root) > 0)
+    m = osr_xcalloc(json_object_size(root), sizeof(*m));
+  json_object_foreach(root, key, val)
+  {
+    const char *v = json_string_value(val);
+    if (v == NULL || strlen(key) > OSR__STORE_META_STR_MAX ||
+        json_string_length(val) > OSR__STORE_META_STR_MAX || strlen(v) != json_string_length(val)) {
+      rv = OSR_EINVAL;
+      break;
+    }
+    m[n].k = osr_xstrdup(key);
+    m[n].v = osr_xstrdup(v);
+    n++;
+  }
+  json_decref(root);
+  if (rv != 0) {
+    meta_free(m, n);
+    return rv;
+  }
+  *out = m;
+  *nout = n;
+  return 0;
+}
+
+/* ---- requests ---------------------------------------------------------------------- */
+
+typedef void (*any_cb_t)(void);
+
+static osr__req_t *req_new(req_op_t op, any_cb_t cb, void *data)
+{
+  osr__req_t *r = osr_xcalloc(1, sizeof(*r));
+  r->op = op;
+  r->data = data;
+  /* Stored through the generic member, called through the typed one that
+   * matches `op` in deliver(). */
+  r->cb.any = cb;
+  return r;
+}
+
+/* Forget outputs so a request can run again (batch retry). */
+static void req_reset_out(osr__req_t *r)
+{
+  size_t i;
+  r->status = 0;
+  switch (r->op) {
+  case OP_CREATE:
+  case OP_GET:
+    r->u.bind.created = 0;
+    osr_binding_dispose(&r->u.bind.out);
+    break;
+  case OP_LIST:
+    for (i = 0; i < r->u.list.n; i++)
+      osr_binding_dispose(&r->u.list.items[i]);
+    osr_freep(&r->u.list.items);
+    r->u.list.n = 0;
+    r->u.list.next_cursor[0] = '\0';
+    break;
+  case OP_KEY_LIST:
+    osr_freep(&r->u.keys.items);
+    r->u.keys.n = 0;
+    break;
+  case OP_AUDIT_LIST:
+    for (i = 0; i < r->u.alist.n; i++)
+      osr_free(r->u.alist.items[i].detail_json);
+    osr_freep(&r->u.alist.items);
+    r->u.alist.n = 0;
+    r->u.alist.next_cursor[0] = '\0';
+    break;
+  default:
+    break;
+  }
+}
+
+static void req_free(osr__req_t *r)
+{
+  req_reset_out(r);
+  switch (r->op) {
+  case OP_CREATE:
+  case OP_UPDATE:
+  case OP_GET:
+    osr_binding_dispose(&r->u.bind.b);
+    meta_free(r->u.bind.meta, r->u.bind.nmeta);
+    break;
+  case OP_LIST:
+    meta_free(r->u.list.filters, r->u.list.nfilters);
+    break;
+  case OP_AUDIT_APPEND:
+    osr_free(r->u.audit.ev.detail_json);
+    break;
+  default:
+    break;
+  }
+  osr_free(r);
+}
+
+/* The status a caller sees: internal database codes become "unavailable". */
+static int public_status(int s)
+{
+  if (s == OSR__EDB || s == OSR_EAGAIN)
+    return OSR_EUNAVAILABLE;
+  return s;
+}
+
+static void deliver(osr_store_t *st, osr__req_t *r)
+{
+  int s = public_status(r->status);
+  const char *cur;
+
+  st->last_latency_us = (uv_hrtime() - r->t0) / 1000u;
+  switch (r->op) {
+  case OP_OPEN:
+    if (r->cb.open != NULL)
+      r->cb.open(st, s, r->data);
+    break;
+  case OP_CREATE:
+  case OP_GET: {
+    const osr_binding_t *b = r->op == OP_CREATE && r->u.bind.created ? &r->u.bind.b : &r->u.bind.out;
+    if (r->cb.binding != NULL)
+      r->cb.binding(s, s == 0 ? b : NULL, s == 0 ? r->u.bind.created : 0, r->data);
+    break;
+  }
+  case OP_LIST:
+    cur = r->u.list.next_cursor[0] != '\0' ? r->u.list.next_cursor : NULL;
+    if (r->cb.list != NULL)
+      r->cb.list(s, s == 0 ? r->u.list.items : NULL, s == 0 ? r->u.list.n : 0, s == 0 ? cur : NULL,
+                 r->data);
+    break;
+  case OP_KEY_LOOKUP:
+    if (r->cb.key != NULL)
+      r->cb.key(s, s == 0 ? &r->u.key.k : NULL, r->data);
+    break;
+  case OP_KEY_LIST:
+    if (r->cb.keys != NULL)
+      r->cb.keys(s, s == 0 ? r->u.keys.items : NULL, s == 0 ? r->u.keys.n : 0, r->data);
+    break;
+  case OP_AUDIT_LIST:
+    cur = r->u.alist.next_cursor[0] != '\0' ? r->u.alist.next_cursor : NULL;
+    if (r->cb.audit != NULL)
+      r->cb.audit(s, s == 0 ? r->u.alist.items : NULL, s == 0 ? r->u.alist.n : 0, s == 0 ? cur : NULL,
+                  r->data);
+    break;
+  default:
+    if (r->cb.done != NULL)
+      r->cb.done(s, r->data);
+    break;
+  }
+}
+
+/* ---- the loop-thread side ----------------------------------------------------------- */
+
+static void on_async_closed(uv_handle_t *h)
+{
+  osr_store_t *st = osr_container_of(h, osr_store_t, async);
+  void (*cb)(void *) = st->close_cb;
+  void *data = st->close_data;
+
+  uv_mutex_destroy(&st->mu);
+  uv_cond_destroy(&st->cv);
+  uv_mutex_destroy(&st->migrate_mu);
+  if (st->be != NULL && st->be->unconfigure != NULL)
+    st->be->unconfigure(st);
+  osr_free(st->cfg.target);
+  osr_free(st->threads);
+  osr_free(st);
+  if (cb != NULL)
+    cb(data);
+}
+
+/* Close for real once every worker has exited and every result is out. */
+static void maybe_finish_close(osr_store_t *st)
+{
+  int i, done;
+
+  if (!st->closing || st->close_started)
+    return;
+  uv_mutex_lock(&st->mu);
+  done = st->exited == st->nworkers && st->done_head == NULL;
+  uv_mutex_unlock(&st->mu);
+  if (!done)
+    return;
+  /* The workers have left their loops; joining waits at most for their
+   * final uv_async_send, which must not race uv_close. */
+  for (i = 0; i < st->nworkers; i++)
+    uv_thread_join(&st->threads[i]);
+  st->close_started = 1;
+  uv_close((uv_handle_t *)&st->async, on_async_closed);
+}
+
+static void on_async(uv_async_t *a)
+{
+  osr_store_t *st = osr_container_of(a, osr_store_t, async);
+  osr__req_t *list, *r;
+
+  uv_mutex_lock(&st->mu);
+  list = st->done_head;
+  st->done_head = st->done_tail = NULL;
+  uv_mutex_unlock(&st->mu);
+
+  while ((r = list) != NULL) {
+    list = r->next;
+    st->outstanding--;
+    deliver(st, r);
+    req_free(r);
+  }
+  /* Idle, the store does not keep the loop alive (like a libuv request that
+   * is not pending); close keeps it referenced until the handle is closed. */
+  if (st->outstanding == 0 && !st->closing)
+    uv_unref((uv_handle_t *)&st->async);
+  maybe_finish_close(st);
+}
+
+static int submit(osr_store_t *st, osr__req_t *r)
+{
+  int shed = 0;
+
+  r->t0 = uv_hrtime();
+  st->outstanding++;
+  uv_ref((uv_handle_t *)&st->async);
+  uv_mutex_lock(&st->mu);
+  if (st->q_len >= OSR__STORE_QUEUE_MAX || st->no_workers) {
+    /* Shed load rather than queue without bound; the answer still arrives
+     * through the async handle, never from inside this call. */
+    r->status = OSR_EUNAVAILABLE;
+    if (st->done_tail != NULL)
+      st->done_tail->next = r;
+    else
+      st->done_head = r;
+    st->done_tail = r;
+    shed = 1;
+  } else {
+    if (st->q_tail != NULL)
+      st->q_tail->next = r;
+    else
+      st->q_head = r;
+    st->q_tail = r;
+    st->q_len++;
+    uv_cond_signal(&st->cv);
+  }
+  uv_mutex_unlock(&st->mu);
+  if (shed)
+    uv_async_send(&st->async);
+  return 0;
+}
+
+/* ---- the worker side: SQL helpers ------------------------------------------------------ */
+
+#define A_TEXT(x) ((osr__sql_arg_t){.s = (x), .i = 0, .is_int = 0})
+#define A_INT(x) ((osr__sql_arg_t){.s = NULL, .i = (int64_t)(x), .is_int = 1})
+
+static void row_to_binding(const osr__db_vtbl_t *be, osr__db_t *db, osr_binding_t *b)
+{
+  osr_binding_init(b);
+  scpy(b->id, sizeof(b->id), be->col_text(db, OSR__BC_ID));
+  scpy(b->tenant, sizeof(b->tenant), be->col_text(db, OSR__BC_TENANT));
+  scpy(b->idem_key, sizeof(b->idem_key), be->col_text(db, OSR__BC_IDEM));
+  scpy(b->request_hash, sizeof(b->request_hash), be->col_text(db, OSR__BC_HASH));
+  scpy(b->template_id, sizeof(b->template_id), be->col_text(db, OSR__BC_TEMPLATE));
+  scpy(b->provider, sizeof(b->provider), be->col_text(db, OSR__BC_PROVIDER));
+  scpy(b->provider_id, sizeof(b->provider_id), be->col_text(db, OSR__BC_PROVIDER_ID));
+  scpy(b->region, sizeof(b->region), be->col_text(db, OSR__BC_REGION));
+  b->isolation = (osr_isolation_t)be->col_int(db, OSR__BC_ISOLATION);
+  scpy(b->agent_endpoint, sizeof(b->agent_endpoint), be->col_text(db, OSR__BC_ENDPOINT));
+  b->state = (osr_binding_state_t)be->col_int(db, OSR__BC_STATE);
+  b->attempt = (int)be->col_int(db, OSR__BC_ATTEMPT);
+  b->created_ms = be->col_int(db, OSR__BC_CREATED);
+  b->updated_ms = be->col_int(db, OSR__BC_UPDATED);
+  b->expires_ms = be->col_int(db, OSR__BC_EXPIRES);
+  b->idle_timeout_ms = be->col_int(db, OSR__BC_IDLE);
+  b->last_activity_ms = be->col_int(db, OSR__BC_ACTIVITY);
+  b->ended_ms = be->col_int(db, OSR__BC_ENDED);
+  scpy(b->end_reason, sizeof(b->end_reason), be->col_text(db, OSR__BC_END_REASON));
+  b->request_json = dup_or_null(be->col_text(db, OSR__BC_REQUEST));
+  b->granted_json = dup_or_null(be->col_text(db, OSR__BC_GRANTED));
+  b->metadata_json = dup_or_null(be->col_text(db, OSR__BC_METADATA));
+  b->error_json = dup_or_null(be->col_text(db, OSR__BC_ERROR));
+}
+
+static void row_to_key(const osr__db_vtbl_t *be, osr__db_t *db, osr_api_key_t *k)
+{
+  memset(k, 0, sizeof(*k));
+  scpy(k->key_id, sizeof(k->key_id), be->col_text(db, 0));
+  scpy(k->tenant, sizeof(k->tenant), be->col_text(db, 1));
+  k->role = (osr_role_t)be->col_int(db, 2);
+  scpy(k->hash, sizeof(k->hash), be->col_text(db, 3));
+  scpy(k->name, sizeof(k->name), be->col_text(db, 4));
+  k->created_ms = be->col_int(db, 5);
+  k->revoked_ms = be->col_int(db, 6);
+}
+
+/* Run a query expected to return at most one row; *found says whether it
+ * did. Returns 0 or a database error. */
+static int query_one(const osr__db_vtbl_t *be, osr__db_t *db, int stmt, const osr__sql_arg_t *args,
+                     int nargs, int *found, void (*fill)(const osr__db_vtbl_t *, osr__db_t *, void *),
+                     void *out)
+{
+  int rv = be->query(db, stmt, NULL, args, nargs);
+  *found = 0;
+  if (rv == 0) {
+    rv = be->row_next(db);
+    if (rv > 0) {
+      fill(be, db, out);
+      *found = 1;
+      rv = 0;
+    }
+  }
+  be->query_end(db);
+  return rv;
+}
+
+static void fill_binding_cb(const osr__db_vtbl_t *be, osr__db_t *db, void *out)
+{
+  row_to_binding(be, db, out);
+}
+
+static void fill_key_cb(const osr__db_vtbl_t *be, osr__db_t *db, void *out)
+{
+  row_to_key(be, db, out);
+}
+
+/* A tiny bounded string builder for the dynamic list queries. */
+typedef struct sqlb_s {
+  char buf[4096];
+  size_t len;
+  int overflow;
+} sqlb_t;
+
+static void sqlb_add(sqlb_t *q, const char *fmt, ...) OSR_PRINTF(2, 3);
+static void sqlb_add(sqlb_t *q, const char *fmt, ...)
+{
+  va_list ap;
+  int n;
+  if (q->overflow)
+    return;
+  va_start(ap, fmt);
+  n = vsnprintf(q->buf + q->len, sizeof(q->buf) - q->len, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof(q->buf) - q->len)
+    q->overflow = 1;
+  else
+    q->len += (size_t)n;
+}
+
+/* ---- the worker side: operations ------------------------------------------------------ */
+
+/* Each op returns 0 with r->status set to its logical answer (0,
+ * OSR_ENOTFOUND, OSR_ECONFLICT), or a database error that aborts the
+ * transaction it runs in. */
+
+static int op_create(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr_binding_t *b = &r->u.bind.b;
+  int64_t changes = 0;
+  int rv, found;
+  size_t i;
+  osr__sql_arg_t a[23] = {
+    A_TEXT(b->id), A_TEXT(b->tenant), A_TEXT(b->idem_key), A_TEXT(b->request_hash),
+    A_TEXT(b->template_id), A_TEXT(b->provider), A_TEXT(b->provider_id), A_TEXT(b->region),
+    A_INT(b->isolation), A_TEXT(b->agent_endpoint), A_INT(b->state), A_INT(b->attempt),
+    A_INT(b->created_ms), A_INT(b->updated_ms), A_INT(b->expires_ms), A_INT(b->idle_timeout_ms),
+    A_INT(b->last_activity_ms), A_INT(b->ended_ms), A_TEXT(b->end_reason),
+    A_TEXT(b->request_json), A_TEXT(b->granted_json), A_TEXT(b->metadata_json),
+    A_TEXT(b->error_json),
+  };
+
+  rv = be->exec(db, OSR__ST_B_INSERT, NULL, a, 23, &changes);
+  if (rv != 0)
+    return rv;
+  if (changes == 1) {
+    for (i = 0; i < r->u.bind.nmeta; i++) {
+      osr__sql_arg_t m[3] = {A_TEXT(b->id), A_TEXT(r->u.bind.meta[i].k), A_TEXT(r->u.bind.meta[i].v)};
+      rv = be->exec(db, OSR__ST_META_INSERT, NULL, m, 3, NULL);
+      if (rv != 0)
+        return rv;
+    }
+    r->u.bind.created = 1;
+    r->status = 0;
+    return 0;
+  }
+  /* Nothing inserted: the (tenant, key) row exists (committed by anyone, or
+   * inserted earlier in this very batch) and is the answer. With no key the
+   * conflict can only be the id itself. */
+  if (b->idem_key[0] == '\0') {
+    r->status = OSR_ECONFLICT;
+    return 0;
+  }
+  {
+    osr__sql_arg_t k[2] = {A_TEXT(b->tenant), A_TEXT(b->idem_key)};
+    rv = query_one(be, db, OSR__ST_B_BY_KEY, k, 2, &found, fill_binding_cb, &r->u.bind.out);
+    if (rv != 0)
+      return rv;
+    if (!found) {
+      r->status = OSR_ECONFLICT;
+      return 0;
+    }
+  }
+  r->u.bind.created = 0;
+  r->status = 0;
+  return 0;
+}
+
+static int op_update(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  const osr_binding_t *b = &r->u.bind.b;
+  int64_t changes = 0;
+  int rv;
+  osr__sql_arg_t a[16] = {
+    A_TEXT(b->id), A_TEXT(b->provider), A_TEXT(b->provider_id), A_TEXT(b->region),
+    A_INT(b->isolation), A_TEXT(b->agent_endpoint), A_INT(b->state), A_INT(b->attempt),
+    A_INT(b->updated_ms), A_INT(b->expires_ms), A_INT(b->idle_timeout_ms),
+    A_INT(b->last_activity_ms), A_INT(b->ended_ms), A_TEXT(b->end_reason),
+    A_TEXT(b->granted_json), A_TEXT(b->error_json),
+  };
+  rv = be->exec(db, OSR__ST_B_UPDATE, NULL, a, 16, &changes);
+  if (rv != 0)
+    return rv;
+  r->status = changes > 0 ? 0 : OSR_ENOTFOUND;
+  return 0;
+}
+
+static int op_get(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[1] = {A_TEXT(r->u.bind.b.id)};
+  int found, rv;
+
+  rv = query_one(be, db, OSR__ST_B_BY_ID, a, 1, &found, fill_binding_cb, &r->u.bind.out);
+  if (rv != 0)
+    return rv;
+  if (!found) {
+    r->status = OSR_ENOTFOUND;
+    return 0;
+  }
+  if (!r->u.bind.any_tenant && strcmp(r->u.bind.out.tenant, r->u.bind.tenant) != 0) {
+    /* Another tenant's sandbox is indistinguishable from a missing one. */
+    osr_binding_dispose(&r->u.bind.out);
+    r->status = OSR_ENOTFOUND;
+    return 0;
+  }
+  r->status = 0;
+  return 0;
+}
+
+static int op_list(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[8 + 2 * OSR__STORE_META_FILTERS_MAX];
+  sqlb_t q;
+  int na = 0, rv, first = 1, s;
+  size_t i, cap = 0;
+
+  q.len = 0;
+  q.overflow = 0;
+  sqlb_add(&q, "%s WHERE 1 = 1", osr__sql_binding_select);
+  if (r->u.list.has_tenant) {
+    a[na++] = A_TEXT(r->u.list.tenant);
+    sqlb_add(&q, " AND tenant = $%d", na);
+  }
+  if (r->u.list.state_mask != 0) {
+    /* Our own small integers, written as literals: one text per mask is
+     * fine and keeps the parameter count fixed. */
+    sqlb_add(&q, " AND state IN (");
+    for (s = OSR_BINDING_CREATING; s <= OSR_BINDING_LOST; s++) {
+      if (r->u.list.state_mask & (1u << s)) {
+        sqlb_add(&q, "%s%d", first ? "" : ", ", s);
+        first = 0;
+      }
+    }
+    sqlb_add(&q, "%s)", first ? "NULL" : "");
+  }
+  if (r->u.list.expires_before_ms != 0) {
+    a[na++] = A_INT(r->u.list.expires_before_ms);
+    sqlb_add(&q, " AND expires_ms <> 0 AND expires_ms < $%d", na);
+  }
+  if (r->u.list.has_cursor) {
+    a[na++] = A_INT(r->u.list.cur_created);
+    a[na++] = A_TEXT(r->u.list.cur_id);
+    sqlb_add(&q, " AND (created_ms > $%d OR (created_ms = $%d AND id > $%d))", na - 1, na - 1, na);
+  }
+  for (i = 0; i < r->u.list.nfilters; i++) {
+    a[na++] = A_TEXT(r->u.list.filters[i].k);
+    a[na++] = A_TEXT(r->u.list.filters[i].v);
+    sqlb_add(&q, " AND id IN (SELECT binding_id FROM binding_metadata WHERE k = $%d AND v = $%d)",
+             na - 1, na);
+  }
+  a[na++] = A_INT(r->u.list.limit + 1);
+  sqlb_add(&q, " ORDER BY created_ms, id LIMIT $%d", na);
+  if (q.overflow) {
+    r->status = OSR_EINVAL;
+    return 0;
+  }
+
+  rv = be->query(db, -1, q.buf, a, na);
+  while (rv == 0) {
+    rv = be->row_next(db);
+    if (rv <= 0)
+      break;
+    rv = 0;
+    if (r->u.list.n == r->u.list.limit) {
+      /* One row more than the page: there is a next page. */
+      const osr_binding_t *last = &r->u.list.items[r->u.list.n - 1];
+      snprintf(r->u.list.next_cursor, sizeof(r->u.list.next_cursor), "%" PRId64 ":%s",
+               last->created_ms, last->id);
+      break;
+    }
+    if (r->u.list.n == cap) {
+      cap = cap != 0 ? cap * 2 : 16;
+      if (cap > r->u.list.limit)
+        cap = r->u.list.limit;
+      r->u.list.items = osr_xrealloc(r->u.list.items, cap * sizeof(osr_binding_t));
+    }
+    row_to_binding(be, db, &r->u.list.items[r->u.list.n++]);
+  }
+  be->query_end(db);
+  if (rv < 0)
+    return rv;
+  r->status = 0;
+  return 0;
+}
+
+static int op_touch(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[2] = {A_TEXT(r->u.touch.id), A_INT(r->u.touch.at_ms)};
+  int rv = be->exec(db, OSR__ST_B_TOUCH, NULL, a, 2, NULL);
+  if (rv == 0)
+    r->status = 0;
+  return rv;
+}
+
+static int op_key_put(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  const osr_api_key_t *k = &r->u.key.k;
+  osr__sql_arg_t a[7] = {A_TEXT(k->key_id), A_TEXT(k->tenant), A_INT(k->role), A_TEXT(k->hash),
+                         A_TEXT(k->name),   A_INT(k->created_ms), A_INT(k->revoked_ms)};
+  int64_t changes = 0;
+  int rv = be->exec(db, OSR__ST_KEY_INSERT, NULL, a, 7, &changes);
+  if (rv != 0)
+    return rv;
+  r->status = changes > 0 ? 0 : OSR_ECONFLICT;
+  return 0;
+}
+
+static int op_key_lookup(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  char hash[sizeof(r->u.key.k.hash)];
+  osr__sql_arg_t a[1] = {A_TEXT(hash)};
+  int found, rv;
+
+  memcpy(hash, r->u.key.k.hash, sizeof(hash));
+  rv = query_one(be, db, OSR__ST_KEY_LOOKUP, a, 1, &found, fill_key_cb, &r->u.key.k);
+  if (rv != 0)
+    return rv;
+  r->status = found ? 0 : OSR_ENOTFOUND;
+  return 0;
+}
+
+static int op_key_list(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[2];
+  int rv, stmt;
+  size_t cap = 0;
+
+  if (r->u.keys.has_tenant) {
+    a[0] = A_TEXT(r->u.keys.tenant);
+    a[1] = A_INT(OSR__STORE_KEYS_MAX);
+    stmt = OSR__ST_KEY_LIST_TENANT;
+    rv = be->query(db, stmt, NULL, a, 2);
+  } else {
+    a[0] = A_INT(OSR__STORE_KEYS_MAX);
+    stmt = OSR__ST_KEY_LIST_ALL;
+    rv = be->query(db, stmt, NULL, a, 1);
+  }
+  while (rv == 0) {
+    rv = be->row_next(db);
+    if (rv <= 0)
+      break;
+    rv = 0;
+    if (r->u.keys.n == cap) {
+      cap = cap != 0 ? cap * 2 : 8;
+      r->u.keys.items = osr_xrealloc(r->u.keys.items, cap * sizeof(osr_api_key_t));
+    }
+    row_to_key(be, db, &r->u.keys.items[r->u.keys.n++]);
+  }
+  be->query_end(db);
+  if (rv < 0)
+    return rv;
+  r->status = 0;
+  return 0;
+}
+
+static int op_key_revoke(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[2] = {A_TEXT(r->u.key.k.key_id), A_INT(r->u.key.at_ms)};
+  int64_t changes = 0;
+  int rv = be->exec(db, OSR__ST_KEY_REVOKE, NULL, a, 2, &changes);
+  if (rv != 0)
+    return rv;
+  r->status = changes > 0 ? 0 : OSR_ENOTFOUND;
+  return 0;
+}
+
+static int op_audit_append(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  const osr_audit_event_t *e = &r->u.audit.ev;
+  osr__sql_arg_t a[7] = {A_INT(e->at_ms),       A_TEXT(e->tenant),  A_TEXT(e->actor),
+                         A_TEXT(e->action),     A_TEXT(e->sandbox_id), A_TEXT(e->outcome),
+                         A_TEXT(e->detail_json)};
+  int rv = be->exec(db, OSR__ST_AUDIT_INSERT, NULL, a, 7, NULL);
+  if (rv == 0)
+    r->status = 0;
+  return rv;
+}
+
+static int op_audit_list(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[3];
+  sqlb_t q;
+  int na = 0, rv;
+  size_t cap = 0;
+
+  q.len = 0;
+  q.overflow = 0;
+  sqlb_add(&q, "%s WHERE 1 = 1", osr__sql_audit_select);
+  if (r->u.alist.has_tenant) {
+    a[na++] = A_TEXT(r->u.alist.tenant);
+    sqlb_add(&q, " AND tenant = $%d", na);
+  }
+  if (r->u.alist.before_seq > 0) {
+    a[na++] = A_INT(r->u.alist.before_seq);
+    sqlb_add(&q, " AND seq < $%d", na);
+  }
+  a[na++] = A_INT(r->u.alist.limit + 1);
+  sqlb_add(&q, " ORDER BY seq DESC LIMIT $%d", na);
+
+  rv = be->query(db, -1, q.buf, a, na);
+  while (rv == 0) {
+    osr_audit_event_t *e;
+    rv = be->row_next(db);
+    if (rv <= 0)
+      break;
+    rv = 0;
+    if (r->u.alist.n == r->u.alist.limit) {
+      snprintf(r->u.alist.next_cursor, sizeof(r->u.alist.next_cursor), "%" PRId64,
+               r->u.alist.items[r->u.alist.n - 1].seq);
+      break;
+    }
+    if (r->u.alist.n == cap) {
+      cap = cap != 0 ? cap * 2 : 16;
+      if (cap > r->u.alist.limit)
+        cap = r->u.alist.limit;
+      r->u.alist.items = osr_xrealloc(r->u.alist.items, cap * sizeof(osr_audit_event_t));
+    }
+    e = &r->u.alist.items[r->u.alist.n++];
+    memset(e, 0, sizeof(*e));
+    e->seq = be->col_int(db, 0);
+    e->at_ms = be->col_int(db, 1);
+    scpy(e->tenant, sizeof(e->tenant), be->col_text(db, 2));
+    scpy(e->actor, sizeof(e->actor), be->col_text(db, 3));
+    scpy(e->action, sizeof(e->action), be->col_text(db, 4));
+    scpy(e->sandbox_id, sizeof(e->sandbox_id), be->col_text(db, 5));
+    scpy(e->outcome, sizeof(e->outcome), be->col_text(db, 6));
+    e->detail_json = dup_or_null(be->col_text(db, 7));
+  }
+  be->query_end(db);
+  if (rv < 0)
+    return rv;
+  r->status = 0;
+  return 0;
+}
+
+static int run_op(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  switch (r->op) {
+  case OP_OPEN: r->status = 0; return 0;
+  case OP_CREATE: return op_create(be, db, r);
+  case OP_UPDATE: return op_update(be, db, r);
+  case OP_GET: return op_get(be, db, r);
+  case OP_LIST: return op_list(be, db, r);
+  case OP_TOUCH:
+    if (r->u.touch.leader != NULL)
+      return 0; /* answered with its leader's status */
+    return op_touch(be, db, r);
+  case OP_KEY_PUT: return op_key_put(be, db, r);
+  case OP_KEY_LOOKUP: return op_key_lookup(be, db, r);
+  case OP_KEY_LIST: return op_key_list(be, db, r);
+  case OP_KEY_REVOKE: return op_key_revoke(be, db, r);
+  case OP_AUDIT_APPEND: return op_audit_append(be, db, r);
+  case OP_AUDIT_LIST: return op_audit_list(be, db, r);
+  }
+  return OSR__EDB;
+}
+
+/* ---- the worker side: migrations ------------------------------------------------------- */
+
+/* Run one migration's statements (';'-separated, no ';' inside literals). */
+static int run_migration_sql(const osr__db_vtbl_t *be, osr__db_t *db, const char *sql)
+{
+  static const char tok[] = "@SERIAL_PK@";
+  size_t n = strlen(sql), i, o = 0, extra = strlen(be->serial_pk);
+  char *buf = osr_xmalloc(n + 1 + extra * 4), *p, *semi;
+  int rv = 0, subs = 0;
+
+  /* Substitute the dialect's auto-increment key (at most a few times). */
+  for (i = 0; i < n;) {
+    if (subs < 4 && strncmp(sql + i, tok, sizeof(tok) - 1) == 0) {
+      memcpy(buf + o, be->serial_pk, extra);
+      o += extra;
+      i += sizeof(tok) - 1;
+      subs++;
+    } else {
+      buf[o++] = sql[i++];
+    }
+  }
+  buf[o] = '\0';
+  for (p = buf; rv == 0 && *p != '\0'; p = semi) {
+    semi = strchr(p, ';');
+    if (semi != NULL)
+      *semi++ = '\0';
+    else
+      semi = p + strlen(p);
+    while (*p == ' ' || *p == '\n')
+      p++;
+    if (*p != '\0')
+      rv = be->exec(db, -1, p, NULL, 0, NULL);
+  }
+  osr_free(buf);
+  return rv;
+}
+
+/* Bring the schema to the newest version this build knows, once per store
+ * (the first worker to connect does it; the others wait on migrate_mu).
+ * Across processes the transaction and the backend's migrate_lock make two
+ * gateways starting at once apply each version exactly once: the second
+ * waits for the first's commit, then reads the new version and does nothing. */
+static int migrate(osr_store_t *st, osr__db_t *db)
+{
+  const osr__db_vtbl_t *be = st->be;
+  int64_t cur = 0;
+  size_t i;
+  int rv;
+
+  uv_mutex_lock(&st->migrate_mu);
+  if (atomic_load(&st->migrated)) {
+    uv_mutex_unlock(&st->migrate_mu);
+    return 0;
+  }
+  rv = be->exec(db, OSR__ST_BEGIN, NULL, NULL, 0, NULL);
+  if (rv != 0)
+    goto out;
+  rv = be->migrate_lock(db);
+  if (rv == 0)
+    rv = be->exec(db, -1,
+                  "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+                  "applied_ms BIGINT NOT NULL)",
+                  NULL, 0, NULL);
+  if (rv == 0) {
+    rv = be->query(db, -1, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", NULL, 0);
+    if (rv == 0) {
+      rv = be->row_next(db);
+      if (rv > 0) {
+        cur = be->col_int(db, 0);
+        rv = 0;
+      }
+    }
+    be->query_end(db);
+  }
+  for (i = 0; rv == 0 && i < osr__nmigrations; i++) {
+    osr__sql_arg_t a[2] = {A_INT(osr__migrations[i].version), A_INT(wall_ms())};
+    if (osr__migrations[i].version <= cur)
+      continue;
+    rv = run_migration_sql(be, db, osr__migrations[i].sql);
+    if (rv == 0)
+      rv = be->exec(db, -1, "INSERT INTO schema_migrations (version, applied_ms) VALUES ($1, $2)", a, 2,
+                    NULL);
+    if (rv == 0)
+      OSR_LOG_INFO("store", "%s: applied schema migration %d", be->name, osr__migrations[i].version);
+  }
+  if (rv == 0)
+    rv = be->exec(db, OSR__ST_COMMIT, NULL, NULL, 0, NULL);
+  if (rv != 0) {
+    be->exec(db, OSR__ST_ROLLBACK, NULL, NULL, 0, NULL);
+    goto out;
+  }
+  if (osr__nmigrations > 0 && cur > osr__migrations[osr__nmigrations - 1].version)
+    OSR_LOG_WARN("store", "%s: schema version %" PRId64 " is newer than this build's %d", be->name, cur,
+                 osr__migrations[osr__nmigrations - 1].version);
+  atomic_store(&st->migrated, 1);
+out:
+  uv_mutex_unlock(&st->migrate_mu);
+  if (rv != 0)
+    OSR_LOG_WARN("store", "%s: schema migration failed (%d)", be->name, rv);
+  return rv;
+}
+
+/* Connected and migrated, or why not. Honours the shared circuit. */
+static int ensure_ready(osr_store_t *st, osr__db_t *db)
+{
+  const osr__db_vtbl_t *be = st->be;
+  int rv;
+
+  if (!be->db_is_connected(db)) {
+    int64_t now = osr__store_mono_ms();
+    if (now < (int64_t)atomic_load(&st->circuit_until_ms))
+      return OSR_EUNAVAILABLE;
+    rv = be->db_connect(db);
+    if (rv != 0) {
+      atomic_store(&st->circuit_until_ms, (long long)(osr__store_mono_ms() + CIRCUIT_MS));
+      return rv;
+    }
+    atomic_store(&st->circuit_until_ms, 0);
+  }
+  if (!atomic_load(&st->migrated)) {
+    rv = migrate(st, db);
+    if (rv == OSR_EUNAVAILABLE)
+      be->db_disconnect(db);
+    if (rv != 0)
+      return rv;
+  }
+  return 0;
+}
+
+/* ---- the worker side: batches ------------------------------------------------------------- */
+
+/* Run reqs in one transaction. On failure everything is rolled back and
+ * *at_commit says whether COMMIT had been sent (then the outcome is unknown
+ * and the batch must not be replayed). */
+static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, int *at_commit)
+{
+  const osr__db_vtbl_t *be = st->be;
+  size_t i;
+  int rv;
+
+  *at_commit = 0;
+  for (i = 0; i < n; i++)
+    req_reset_out(reqs[i]);
+  rv = be->exec(db, OSR__ST_BEGIN, NULL, NULL, 0, NULL);
+  if (rv != 0)
+    return rv;
+  for (i = 0; i < n; i++) {
+    rv = run_op(be, db, reqs[i]);
+    if (rv != 0) {
+      if (rv != OSR_EUNAVAILABLE)
+        be->exec(db, OSR__ST_ROLLBACK, NULL, NULL, 0, NULL);
+      return rv;
+    }
+  }
+  *at_commit = 1;
+  rv = be->exec(db, OSR__ST_COMMIT, NULL, NULL, 0, NULL);
+  if (rv != 0 && rv != OSR_EUNAVAILABLE)
+    be->exec(db, OSR__ST_ROLLBACK, NULL, NULL, 0, NULL);
+  return rv;
+}
+
+static void fail_all(osr__req_t **reqs, size_t n, int status)
+{
+  size_t i;
+  for (i = 0; i < n; i++) {
+    req_reset_out(reqs[i]);
+    reqs[i]->status = status;
+  }
+}
+
+/* Touches of one id in one batch become one UPDATE with the latest time. */
+static void coalesce_touches(osr__req_t **reqs, size_t n)
+{
+  size_t i, j;
+  for (i = 0; i < n; i++) {
+    if (reqs[i]->op != OP_TOUCH || reqs[i]->u.touch.leader != NULL)
+      continue;
+    for (j = i + 1; j < n; j++) {
+      osr__req_t *o = reqs[j];
+      if (o->op != OP_TOUCH || o->u.touch.leader != NULL ||
+          strcmp(o->u.touch.id, reqs[i]->u.touch.id) != 0)
+        continue;
+      o->u.touch.leader = reqs[i];
+      if (o->u.touch.at_ms > reqs[i]->u.touch.at_ms)
+        reqs[i]->u.touch.at_ms = o->u.touch.at_ms;
+    }
+  }
+}
+
+static void run_batch(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n)
+{
+  const osr__db_vtbl_t *be = st->be;
+  int rv, at_commit, tries;
+  size_t i;
+
+  rv = ensure_ready(st, db);
+  if (rv != 0) {
+    fail_all(reqs, n, rv == OSR_EINVAL ? OSR_EUNAVAILABLE : rv);
+    return;
+  }
+  coalesce_touches(reqs, n);
+
+  rv = run_tx(st, db, reqs, n, &at_commit);
+  if (rv == OSR_EUNAVAILABLE && !at_commit) {
+    /* The connection died, typically while idle (server restarted). Nothing
+     * was committed, so one replay on a fresh connection is safe. */
+    be->db_disconnect(db);
+    rv = ensure_ready(st, db);
+    if (rv == 0)
+      rv = run_tx(st, db, reqs, n, &at_commit);
+  }
+  if (rv == OSR_EUNAVAILABLE) {
+    be->db_disconnect(db);
+    fail_all(reqs, n, OSR_EUNAVAILABLE);
+  } else if (rv != 0 && at_commit) {
+    fail_all(reqs, n, rv);
+  } else if (rv != 0) {
+    /* One statement failed and took the transaction with it: run each
+     * request on its own so the others are not punished. Deadlocks and
+     * serialization failures are retried a few times. */
+    for (i = 0; i < n; i++) {
+      for (tries = 0; tries < 3; tries++) {
+        rv = run_tx(st, db, &reqs[i], 1, &at_commit);
+        if (rv != OSR_EAGAIN)
+          break;
+      }
+      if (rv == OSR_EUNAVAILABLE) {
+        be->db_disconnect(db);
+        fail_all(reqs + i, n - i, OSR_EUNAVAILABLE);
+        break;
+      }
+      if (rv != 0) {
+        req_reset_out(reqs[i]);
+        reqs[i]->status = rv;
+      }
+    }
+  }
+  for (i = 0; i < n; i++)
+    if (reqs[i]->op == OP_TOUCH && reqs[i]->u.touch.leader != NULL)
+      reqs[i]->status = reqs[i]->u.touch.leader->status;
+}
+
+static void worker_main(void *arg)
+{
+  osr_store_t *st = arg;
+  osr__db_t *db = st->be->db_new(st);
+  osr__req_t *batch[OSR__STORE_BATCH_MAX];
+  size_t n, i;
+
+  for (;;) {
+    uv_mutex_lock(&st->mu);
+    while (st->q_head == NULL && !st->stopping)
+      uv_cond_wait(&st->cv, &st->mu);
+    if (st->q_head == NULL) {
+      uv_mutex_unlock(&st->mu);
+      break;
+    }
+    for (n = 0; n < OSR__STORE_BATCH_MAX && st->q_head != NULL; n++) {
+      batch[n] = st->q_head;
+      st->q_head = st->q_head->next;
+      batch[n]->next = NULL;
+    }
+    if (st->q_head == NULL)
+      st->q_tail = NULL;
+    st->q_len -= n;
+    uv_mutex_unlock(&st->mu);
+
+    run_batch(st, db, batch, n);
+
+    uv_mutex_lock(&st->mu);
+    for (i = 0; i < n; i++) {
+      if (st->done_tail != NULL)
+        st->done_tail->next = batch[i];
+      else
+        st->done_head = batch[i];
+      st->done_tail = batch[i];
+    }
+    uv_mutex_unlock(&st->mu);
+    uv_async_send(&st->async);
+  }
+  /* The connection is this thread's: close it here, before saying we left. */
+  st->be->db_free(db);
+  uv_mutex_lock(&st->mu);
+  st->exited++;
+  uv_mutex_unlock(&st->mu);
+  uv_async_send(&st->async);
+}
+
+/* ---- public API --------------------------------------------------------------------------- */
+
+int osr_store_open(uv_loop_t *loop, const char *url, osr_store_open_cb cb, void *data,
+                   osr_store_t **out)
+{
+  const osr__db_vtbl_t *be;
+  osr_store_t *st;
+  osr__req_t *r;
+  int rv, i;
+
+  if (out != NULL)
+    *out = NULL;
+  if (loop == NULL || url == NULL || out == NULL || strnlen(url, 4097) > 4096)
+    return OSR_EINVAL;
+  if (strncmp(url, "sqlite:", 7) == 0)
+    be = &osr__store_sqlite;
+  else if (strncmp(url, "postgres://", 11) == 0 || strncmp(url, "postgresql://", 13) == 0)
+    be = &osr__store_pg;
+  else
+    return OSR_EINVAL;
+
+  st = osr_xcalloc(1, sizeof(*st));
+  st->loop = loop;
+  st->be = be;
+  rv = be->configure(st, url);
+  if (rv != 0) {
+    if (be->unconfigure != NULL)
+      be->unconfigure(st);
+    osr_free(st->cfg.target);
+    osr_free(st);
+    return rv;
+  }
+  if (st->cfg.pool < 1)
+    st->cfg.pool = 1;
+  if (uv_mutex_init(&st->mu) != 0 || uv_cond_init(&st->cv) != 0 || uv_mutex_init(&st->migrate_mu) != 0)
+    abort(); /* only fails on resource exhaustion at start-up */
+  atomic_init(&st->migrated, 0);
+  atomic_init(&st->circuit_until_ms, 0);
+  rv = uv_async_init(loop, &st->async, on_async);
+  if (rv != 0) {
+    uv_mutex_destroy(&st->mu);
+    uv_cond_destroy(&st->cv);
+    uv_mutex_destroy(&st->migrate_mu);
+    if (be->unconfigure != NULL)
+      be->unconfigure(st);
+    osr_free(st->cfg.target);
+    osr_free(st);
+    return rv;
+  }
+  uv_unref((uv_handle_t *)&st->async);
+
+  /* The open request goes first in the queue: whichever worker takes it
+   * connects and migrates before answering. */
+  r = req_new(OP_OPEN, (any_cb_t)cb, data);
+  submit(st, r);
+
+  st->threads = osr_xcalloc((size_t)st->cfg.pool, sizeof(uv_thread_t));
+  for (i = 0; i < st->cfg.pool; i++) {
+    rv = uv_thread_create(&st->threads[i], worker_main, st);
+    if (rv != 0)
+      break;
+    st->nworkers++;
+  }
+  if (st->nworkers == 0) {
+    /* No thread to run anything: answer the open from here through the
+     * async handle (never inline), then close. */
+    uv_mutex_lock(&st->mu);
+    st->no_workers = 1;
+    st->q_head = st->q_tail = NULL;
+    st->q_len = 0;
+    r->status = rv;
+    st->done_head = st->done_tail = r;
+    uv_mutex_unlock(&st->mu);
+    uv_async_send(&st->async);
+  } else if (rv != 0) {
+    OSR_LOG_WARN("store", "started %d of %d store workers", st->nworkers, st->cfg.pool);
+  }
+  *out = st;
+  return 0;
+}
+
+void osr_store_close(osr_store_t *st, void (*cb)(void *data), void *data)
+{
+  if (st == NULL || st->closing)
+    return;
+  st->closing = 1;
+  st->close_cb = cb;
+  st->close_data = data;
+  uv_ref((uv_handle_t *)&st->async);
+  uv_mutex_lock(&st->mu);
+  st->stopping = 1;
+  uv_cond_broadcast(&st->cv);
+  uv_mutex_unlock(&st->mu);
+  /* With no workers (they failed to start) nothing else would wake us. */
+  uv_async_send(&st->async);
+}
+
+const char *osr_store_backend(const osr_store_t *st)
+{
+  return st->be->name;
+}
+
+uint64_t osr_store_last_latency_us(const osr_store_t *st)
+{
+  return st->last_latency_us;
+}
+
+int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_binding_cb cb,
+                            void *data)
+{
+  osr__req_t *r;
+  meta_kv_t *meta;
+  size_t nmeta;
+  int rv;
+
+  if (st == NULL || b == NULL || !binding_strings_ok(b) || b->id[0] == '\0' || b->tenant[0] == '\0')
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  rv = meta_parse(b->metadata_json, &meta, &nmeta);
+  if (rv != 0)
+    return rv;
+  r = req_new(OP_CREATE, (any_cb_t)cb, data);
+  osr_binding_copy(&r->u.bind.b, b);
+  r->u.bind.meta = meta;
+  r->u.bind.nmeta = nmeta;
+  r->u.bind.b.state = OSR_BINDING_CREATING;
+  if (r->u.bind.b.created_ms == 0)
+    r->u.bind.b.created_ms = wall_ms();
+  if (r->u.bind.b.updated_ms == 0)
+    r->u.bind.b.updated_ms = r->u.bind.b.created_ms;
+  return submit(st, r);
+}
+
+int osr_store_update(osr_store_t *st, const osr_binding_t *b, osr_store_done_cb cb, void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || b == NULL || !binding_strings_ok(b) || b->id[0] == '\0')
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_UPDATE, (any_cb_t)cb, data);
+  osr_binding_copy(&r->u.bind.b, b);
+  /* Metadata and the request are immutable after create; not sent. */
+  osr_freep(&r->u.bind.b.request_json);
+  osr_freep(&r->u.bind.b.metadata_json);
+  if (r->u.bind.b.updated_ms == 0)
+    r->u.bind.b.updated_ms = wall_ms();
+  return submit(st, r);
+}
+
+int osr_store_get(osr_store_t *st, const char *tenant, const char *id, osr_store_binding_cb cb,
+                  void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || id == NULL || id[0] == '\0' || !fits(id, OSR_ID_MAX) ||
+      (tenant != NULL && !fits(tenant, OSR_TENANT_MAX)))
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_GET, (any_cb_t)cb, data);
+  scpy(r->u.bind.b.id, sizeof(r->u.bind.b.id), id);
+  r->u.bind.any_tenant = tenant == NULL;
+  scpy(r->u.bind.tenant, sizeof(r->u.bind.tenant), tenant);
+  return submit(st, r);
+}
+
+/* Cursor "<created_ms>:<id>": opaque to callers, checked strictly here. */
+static int parse_list_cursor(const char *c, int64_t *created, char *id, size_t idcap)
+{
+  char *end;
+  long long v;
+  size_t i, n;
+
+  if (c == NULL || strnlen(c, 80) >= 80)
+    return OSR_EINVAL;
+  errno = 0;
+  v = strtoll(c, &end, 10);
+  if (errno != 0 || end == c || *end != ':' || v < 0)
+    return OSR_EINVAL;
+  end++;
+  n = strlen(end);
+  if (n == 0 || n >= idcap)
+    return OSR_EINVAL;
+  for (i = 0; i < n; i++) {
+    char ch = end[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          ch == '_' || ch == '-'))
+      return OSR_EINVAL;
+  }
+  *created = v;
+  memcpy(id, end, n + 1);
+  return 0;
+}
+
+int osr_store_list(osr_store_t *st, const osr_store_query_t *q, osr_store_list_cb cb, void *data)
+{
+  osr__req_t *r;
+  size_t i;
+
+  if (st == NULL || q == NULL || (q->tenant != NULL && !fits(q->tenant, OSR_TENANT_MAX)) ||
+      q->nmeta > OSR__STORE_META_FILTERS_MAX ||
+      (q->nmeta > 0 && (q->meta_keys == NULL || q->meta_values == NULL)))
+    return OSR_EINVAL;
+  for (i = 0; i < q->nmeta; i++)
+    if (q->meta_keys[i] == NULL || q->meta_values[i] == NULL ||
+        strnlen(q->meta_keys[i], OSR__STORE_META_STR_MAX + 1) > OSR__STORE_META_STR_MAX ||
+        strnlen(q->meta_values[i], OSR__STORE_META_STR_MAX + 1) > OSR__STORE_META_STR_MAX)
+      return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_LIST, (any_cb_t)cb, data);
+  if (q->cursor != NULL) {
+    if (parse_list_cursor(q->cursor, &r->u.list.cur_created, r->u.list.cur_id,
+                          sizeof(r->u.list.cur_id)) != 0) {
+      req_free(r);
+      return OSR_EINVAL;
+    }
+    r->u.list.has_cursor = 1;
+  }
+  r->u.list.has_tenant = q->tenant != NULL;
+  scpy(r->u.list.tenant, sizeof(r->u.list.tenant), q->tenant);
+  r->u.list.state_mask = q->state_mask;
+  r->u.list.limit = q->limit == 0 ? 100 : q->limit > OSR__STORE_LIST_MAX ? OSR__STORE_LIST_MAX : q->limit;
+  r->u.list.expires_before_ms = q->expires_before_ms;
+  if (q->nmeta > 0) {
+    r->u.list.filters = osr_xcalloc(q->nmeta, sizeof(meta_kv_t));
+    for (i = 0; i < q->nmeta; i++) {
+      r->u.list.filters[i].k = osr_xstrdup(q->meta_keys[i]);
+      r->u.list.filters[i].v = osr_xstrdup(q->meta_values[i]);
+    }
+    r->u.list.nfilters = q->nmeta;
+  }
+  return submit(st, r);
+}
+
+int osr_store_touch(osr_store_t *st, const char *id, int64_t at_ms, osr_store_done_cb cb, void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || id == NULL || id[0] == '\0' || !fits(id, OSR_ID_MAX))
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_TOUCH, (any_cb_t)cb, data);
+  scpy(r->u.touch.id, sizeof(r->u.touch.id), id);
+  r->u.touch.at_ms = at_ms != 0 ? at_ms : wall_ms();
+  return submit(st, r);
+}
+
+int osr_store_key_put(osr_store_t *st, const osr_api_key_t *k, osr_store_done_cb cb, void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || k == NULL || !fits(k->key_id, sizeof(k->key_id)) || k->key_id[0] == '\0' ||
+      !fits(k->tenant, sizeof(k->tenant)) || !fits(k->hash, sizeof(k->hash)) || k->hash[0] == '\0' ||
+      !fits(k->name, sizeof(k->name)) || (k->role != OSR_ROLE_TENANT && k->role != OSR_ROLE_ADMIN))
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_KEY_PUT, (any_cb_t)cb, data);
+  r->u.key.k = *k;
+  if (r->u.key.k.created_ms == 0)
+    r->u.key.k.created_ms = wall_ms();
+  return submit(st, r);
+}
+
+int osr_store_key_lookup(osr_store_t *st, const char *hash, osr_store_key_cb cb, void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || hash == NULL || hash[0] == '\0' || !fits(hash, sizeof(r->u.key.k.hash)))
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_KEY_LOOKUP, (any_cb_t)cb, data);
+  scpy(r->u.key.k.hash, sizeof(r->u.key.k.hash), hash);
+  return submit(st, r);
+}
+
+int osr_store_key_list(osr_store_t *st, const char *tenant, osr_store_keys_cb cb, void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || (tenant != NULL && !fits(tenant, OSR_TENANT_MAX)))
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_KEY_LIST, (any_cb_t)cb, data);
+  r->u.keys.has_tenant = tenant != NULL;
+  scpy(r->u.keys.tenant, sizeof(r->u.keys.tenant), tenant);
+  return submit(st, r);
+}
+
+int osr_store_key_revoke(osr_store_t *st, const char *key_id, int64_t at_ms, osr_store_done_cb cb,
+                         void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || key_id == NULL || key_id[0] == '\0' || !fits(key_id, sizeof(r->u.key.k.key_id)))
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_KEY_REVOKE, (any_cb_t)cb, data);
+  scpy(r->u.key.k.key_id, sizeof(r->u.key.k.key_id), key_id);
+  r->u.key.at_ms = at_ms != 0 ? at_ms : wall_ms();
+  return submit(st, r);
+}
+
+int osr_store_audit_append(osr_store_t *st, const osr_audit_event_t *ev, osr_store_done_cb cb,
+                           void *data)
+{
+  osr__req_t *r;
+
+  if (st == NULL || ev == NULL || !fits(ev->tenant, sizeof(ev->tenant)) ||
+      !fits(ev->actor, sizeof(ev->actor)) || !fits(ev->action, sizeof(ev->action)) ||
+      ev->action[0] == '\0' || !fits(ev->sandbox_id, sizeof(ev->sandbox_id)) ||
+      !fits(ev->outcome, sizeof(ev->outcome)) || !json_ok(ev->detail_json))
+    return OSR_EINVAL;
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_AUDIT_APPEND, (any_cb_t)cb, data);
+  r->u.audit.ev = *ev;
+  r->u.audit.ev.seq = 0;
+  r->u.audit.ev.detail_json = dup_or_null(ev->detail_json);
+  if (r->u.audit.ev.at_ms == 0)
+    r->u.audit.ev.at_ms = wall_ms();
+  return submit(st, r);
+}
+
+int osr_store_audit_list(osr_store_t *st, const char *tenant, const char *cursor, size_t limit,
+                         osr_store_audit_cb cb, void *data)
+{
+  osr__req_t *r;
+  int64_t before = 0;
+
+  if (st == NULL || (tenant != NULL && !fits(tenant, OSR_TENANT_MAX)))
+    return OSR_EINVAL;
+  if (cursor != NULL) {
+    char *end;
+    if (strnlen(cursor, 21) > 20)
+      return OSR_EINVAL;
+    errno = 0;
+    before = strtoll(cursor, &end, 10);
+    if (errno != 0 || end == cursor || *end != '\0' || before <= 0)
+      return OSR_EINVAL;
+  }
+  if (st->closing)
+    return OSR_ECLOSED;
+  r = req_new(OP_AUDIT_LIST, (any_cb_t)cb, data);
+  r->u.alist.has_tenant = tenant != NULL;
+  scpy(r->u.alist.tenant, sizeof(r->u.alist.tenant), tenant);
+  r->u.alist.before_seq = before;
+  r->u.alist.limit = limit == 0 ? 100 : limit > OSR__STORE_LIST_MAX ? OSR__STORE_LIST_MAX : limit;
+  return submit(st, r);
+}

@@ -1,0 +1,425 @@
+/*
+ * PostgreSQL backend of the binding store: the SQL layer of store_int.h over
+ * libpq, one connection per worker thread (the pool).
+ *
+ * URL: postgres://user[:pass]@host[:port]/db[?pool=N&<libpq parameters>]
+ * (postgresql:// too). pool=N (1..16, default 2) is ours and removed before
+ * the URI reaches libpq; every other parameter is passed through. Unless the
+ * URL says otherwise we add connect_timeout=2 (libpq's minimum) and TCP
+ * keepalives, so a vanished server is noticed instead of hanging a worker.
+ *
+ * Failing fast while the server is down. Connecting is done with
+ * PQconnectStart/PQconnectPoll under our own 1-second deadline (libpq's
+ * connect_timeout cannot go below 2 s); a failed connect opens the store's
+ * circuit (store.c), so requests queued behind it fail at once. On loopback a
+ * stopped server refuses the connection immediately, so calls answer
+ * OSR_EUNAVAILABLE in about a millisecond.
+ *
+ * Reconnecting: a connection found broken is dropped (db_disconnect) and the
+ * next batch connects again, re-preparing statements lazily since prepared
+ * statements belong to a connection.
+ *
+ * Several gateways on one database: the partial unique index on (tenant,
+ * idem_key) decides concurrent creates with one key; INSERT ... ON CONFLICT
+ * DO NOTHING waits for the other transaction and then does nothing, and the
+ * SELECT that follows (READ COMMITTED: a fresh snapshot per statement) sees
+ * the winner's row. Migrations take a transaction-scoped advisory lock, so
+ * two gateways starting together apply each version once.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+#include "store/store_int.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define CONNECT_DEADLINE_MS 1000
+#define MAX_ARGS 48
+#define POOL_DEFAULT 2
+#define POOL_MAX 16
+/* Arbitrary but fixed: every OSR gateway must use the same key. */
+#define MIGRATE_LOCK_KEY "7306151"
+
+typedef struct pg_db_s {
+  osr_store_t *st;
+  PGconn *c;
+  unsigned char prepared[OSR__ST_COUNT];
+  PGresult *res;          /* result being read by row_next */
+  int row;
+} pg_db_t;
+
+static pg_db_t *P(osr__db_t *db)
+{
+  return (pg_db_t *)(void *)db;
+}
+
+/* libpq's messages span lines ("...failed: Connection refused\n\tIs the
+ * server running..."); one log line each is easier to read and grep. */
+static void one_line(char *dst, size_t cap, const char *src)
+{
+  size_t n = 0;
+  for (; src != NULL && *src != '\0' && n + 1 < cap; src++)
+    dst[n++] = (*src == '\n' || *src == '\t') ? ' ' : *src;
+  while (n > 0 && dst[n - 1] == ' ')
+    n--;
+  dst[n] = '\0';
+}
+
+/* Server notices ("relation already exists, skipping") are not errors. */
+static void on_notice(void *arg, const char *message)
+{
+  (void)arg;
+  (void)message;
+}
+
+/* ---- URL ------------------------------------------------------------------------ */
+
+static int has_param(const char *params, const char *name)
+{
+  size_t n = strlen(name);
+  const char *p = params;
+  while (p != NULL && *p != '\0') {
+    if (strncmp(p, name, n) == 0 && p[n] == '=')
+      return 1;
+    p = strchr(p, '&');
+    if (p != NULL)
+      p++;
+  }
+  return 0;
+}
+
+static int pg_configure(osr_store_t *st, const char *url)
+{
+  osr__store_cfg_t *cfg = osr__store_cfg_mut(st);
+  const char *q = strchr(url, '?');
+  size_t base_len = q != NULL ? (size_t)(q - url) : strlen(url);
+  size_t cap = strlen(url) + 160;
+  char *out = osr_xmalloc(cap), *kept = osr_xmalloc(cap);
+  const char *p;
+  size_t klen = 0;
+  char *errmsg = NULL;
+  PQconninfoOption *opts;
+  int rv = 0;
+
+  cfg->pool = POOL_DEFAULT;
+  kept[0] = '\0';
+  /* Keep every parameter but ours. */
+  for (p = q != NULL ? q + 1 : NULL; p != NULL && *p != '\0';) {
+    const char *amp = strchr(p, '&');
+    size_t n = amp != NULL ? (size_t)(amp - p) : strlen(p);
+    if (n > 5 && strncmp(p, "pool=", 5) == 0) {
+      char num[8];
+      char *end;
+      long v;
+      if (n - 5 >= sizeof(num)) {
+        rv = OSR_EINVAL;
+        break;
+      }
+      memcpy(num, p + 5, n - 5);
+      num[n - 5] = '\0';
+      v = strtol(num, &end, 10);
+      if (*end != '\0' || v < 1 || v > POOL_MAX) {
+        rv = OSR_EINVAL;
+        break;
+      }
+      cfg->pool = (int)v;
+    } else if (n > 0) {
+      klen += (size_t)snprintf(kept + klen, cap - klen, "%s%.*s", klen > 0 ? "&" : "", (int)n, p);
+    }
+    p = amp != NULL ? amp + 1 : NULL;
+  }
+  if (rv == 0) {
+    static const char *const defaults[][2] = {
+      {"connect_timeout", "2"}, {"keepalives", "1"}, {"keepalives_idle", "10"},
+      {"keepalives_interval", "2"}, {"keepalives_count", "3"}, {"application_name", "osr-gateway"},
+    };
+    size_t i;
+    for (i = 0; i < OSR_ARRAY_SIZE(defaults); i++)
+      if (!has_param(kept, defaults[i][0]))
+        klen += (size_t)snprintf(kept + klen, cap - klen, "%s%s=%s", klen > 0 ? "&" : "",
+                                 defaults[i][0], defaults[i][1]);
+    snprintf(out, cap, "%.*s?%s", (int)base_len, url, kept);
+    /* Let libpq judge the URI now, so a typo is OSR_EINVAL from open and
+     * not an endless stream of "unavailable". */
+    opts = PQconninfoParse(out, &errmsg);
+    if (opts == NULL) {
+      char msg[256];
+      one_line(msg, sizeof(msg), errmsg != NULL ? errmsg : "out of memory");
+      OSR_LOG_WARN("store", "postgres: bad URL: %s", msg);
+      rv = OSR_EINVAL;
+    } else {
+      PQconninfoFree(opts);
+    }
+    if (errmsg != NULL)
+      PQfreemem(errmsg);
+  }
+  osr_free(kept);
+  if (rv != 0) {
+    osr_free(out);
+    return rv;
+  }
+  cfg->target = out;
+  return 0;
+}
+
+/* ---- connections ----------------------------------------------------------------- */
+
+static osr__db_t *pg_db_new(osr_store_t *st)
+{
+  pg_db_t *d = osr_xcalloc(1, sizeof(*d));
+  d->st = st;
+  return (osr__db_t *)(void *)d;
+}
+
+static void pg_disconnect(osr__db_t *db)
+{
+  pg_db_t *d = P(db);
+  if (d->res != NULL)
+    PQclear(d->res);
+  d->res = NULL;
+  if (d->c != NULL)
+    PQfinish(d->c);
+  d->c = NULL;
+  memset(d->prepared, 0, sizeof(d->prepared));
+}
+
+static void pg_db_free(osr__db_t *db)
+{
+  pg_disconnect(db);
+  osr_free(db);
+}
+
+static int pg_is_connected(osr__db_t *db)
+{
+  return P(db)->c != NULL;
+}
+
+static int pg_connect(osr__db_t *db)
+{
+  pg_db_t *d = P(db);
+  PostgresPollingStatusType ps = PGRES_POLLING_WRITING;
+  int64_t deadline = osr__store_mono_ms() + CONNECT_DEADLINE_MS;
+  const char *why = NULL;
+
+  if (d->c != NULL)
+    return 0;
+  d->c = PQconnectStart(osr__store_cfg(d->st)->target);
+  if (d->c == NULL)
+    return OSR_EUNAVAILABLE;
+  if (PQstatus(d->c) == CONNECTION_BAD)
+    ps = PGRES_POLLING_FAILED;
+  while (ps != PGRES_POLLING_OK) {
+    struct pollfd pfd;
+    int64_t left = deadline - osr__store_mono_ms();
+    int n;
+    if (ps == PGRES_POLLING_FAILED) {
+      why = PQerrorMessage(d->c);
+      break;
+    }
+    if (left <= 0) {
+      why = "connect timed out";
+      break;
+    }
+    pfd.fd = PQsocket(d->c);
+    pfd.events = ps == PGRES_POLLING_READING ? POLLIN : POLLOUT;
+    pfd.revents = 0;
+    n = poll(&pfd, 1, (int)left);
+    if (n < 0 && errno != EINTR) {
+      why = "poll failed";
+      break;
+    }
+    if (n > 0)
+      ps = PQconnectPoll(d->c);
+  }
+  if (ps != PGRES_POLLING_OK) {
+    char msg[256];
+    one_line(msg, sizeof(msg), why);
+    OSR_LOG_WARN("store", "postgres: connect failed: %s", msg);
+    pg_disconnect(db);
+    return OSR_EUNAVAILABLE;
+  }
+  PQsetNoticeProcessor(d->c, on_notice, NULL);
+  memset(d->prepared, 0, sizeof(d->prepared));
+  return 0;
+}
+
+/* ---- statements ----------------------------------------------------------------- */
+
+static int classify(pg_db_t *d, PGresult *res, const char *what)
+{
+  const char *state = res != NULL ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+  if (d->c == NULL || PQstatus(d->c) == CONNECTION_BAD || state == NULL)
+    return OSR_EUNAVAILABLE;
+  if (strcmp(state, "23505") == 0)
+    return OSR_ECONFLICT;
+  if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0)
+    return OSR_EAGAIN;
+  /* Connection exceptions, shutdown/crash of the server, resource limits. */
+  if (strncmp(state, "08", 2) == 0 || strncmp(state, "57P", 3) == 0 || strncmp(state, "53", 2) == 0 ||
+      strncmp(state, "58", 2) == 0)
+    return OSR_EUNAVAILABLE;
+  {
+    char msg[256];
+    one_line(msg, sizeof(msg), PQresultErrorMessage(res));
+    OSR_LOG_WARN("store", "postgres: %s: %s %s", what, state, msg);
+  }
+  return OSR__EDB;
+}
+
+static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs,
+                     int *err)
+{
+  const char *vals[MAX_ARGS];
+  char nums[MAX_ARGS][24];
+  char name[16];
+  PGresult *res;
+  int i;
+
+  *err = 0;
+  if (d->c == NULL) {
+    *err = OSR_EUNAVAILABLE;
+    return NULL;
+  }
+  if (nargs > MAX_ARGS) {
+    *err = OSR__EDB;
+    return NULL;
+  }
+  for (i = 0; i < nargs; i++) {
+    if (args[i].is_int) {
+      snprintf(nums[i], sizeof(nums[i]), "%" PRId64, args[i].i);
+      vals[i] = nums[i];
+    } else {
+      vals[i] = args[i].s; /* NULL is SQL NULL */
+    }
+  }
+  switch (stmt) {
+  case OSR__ST_BEGIN:
+    return PQexec(d->c, osr__store_pg.begin_sql);
+  case OSR__ST_COMMIT:
+  case OSR__ST_ROLLBACK:
+    return PQexec(d->c, osr__stmt_sql[stmt]);
+  default:
+    break;
+  }
+  if (stmt < 0)
+    return nargs == 0 ? PQexec(d->c, sql) : PQexecParams(d->c, sql, nargs, NULL, vals, NULL, NULL, 0);
+  snprintf(name, sizeof(name), "osr_%d", stmt);
+  if (!d->prepared[stmt]) {
+    res = PQprepare(d->c, name, osr__stmt_sql[stmt], nargs, NULL);
+    if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK) {
+      *err = classify(d, res, "prepare");
+      PQclear(res);
+      return NULL;
+    }
+    PQclear(res);
+    d->prepared[stmt] = 1;
+  }
+  return PQexecPrepared(d->c, name, nargs, vals, NULL, NULL, 0);
+}
+
+static int pg_exec(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs,
+                   int64_t *changes)
+{
+  pg_db_t *d = P(db);
+  int err;
+  PGresult *res = run(d, stmt, sql, args, nargs, &err);
+  ExecStatusType s;
+
+  if (err != 0)
+    return err;
+  s = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
+    err = classify(d, res, "exec");
+    PQclear(res);
+    return err;
+  }
+  if (changes != NULL) {
+    const char *t = PQcmdTuples(res);
+    *changes = t != NULL && *t != '\0' ? strtoll(t, NULL, 10) : 0;
+  }
+  PQclear(res);
+  return 0;
+}
+
+static int pg_query(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs)
+{
+  pg_db_t *d = P(db);
+  int err;
+  PGresult *res = run(d, stmt, sql, args, nargs, &err);
+
+  d->res = NULL;
+  d->row = -1;
+  if (err != 0)
+    return err;
+  if (res == NULL || PQresultStatus(res) != PGRES_TUPLES_OK) {
+    err = classify(d, res, "query");
+    PQclear(res);
+    return err;
+  }
+  d->res = res;
+  return 0;
+}
+
+static int pg_row_next(osr__db_t *db)
+{
+  pg_db_t *d = P(db);
+  if (d->res == NULL)
+    return OSR__EDB;
+  d->row++;
+  return d->row < PQntuples(d->res) ? 1 : 0;
+}
+
+static const char *pg_col_text(osr__db_t *db, int col)
+{
+  pg_db_t *d = P(db);
+  if (PQgetisnull(d->res, d->row, col))
+    return NULL;
+  return PQgetvalue(d->res, d->row, col);
+}
+
+static int64_t pg_col_int(osr__db_t *db, int col)
+{
+  const char *t = pg_col_text(db, col);
+  return t != NULL ? (int64_t)strtoll(t, NULL, 10) : 0;
+}
+
+static void pg_query_end(osr__db_t *db)
+{
+  pg_db_t *d = P(db);
+  if (d->res != NULL)
+    PQclear(d->res);
+  d->res = NULL;
+  d->row = -1;
+}
+
+static int pg_migrate_lock(osr__db_t *db)
+{
+  return pg_exec(db, -1, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK_KEY ")", NULL, 0, NULL);
+}
+
+const osr__db_vtbl_t osr__store_pg = {
+  .name = "postgres",
+  .serial_pk = "BIGSERIAL PRIMARY KEY",
+  .begin_sql = "BEGIN",
+  .configure = pg_configure,
+  .unconfigure = NULL,
+  .db_new = pg_db_new,
+  .db_free = pg_db_free,
+  .db_connect = pg_connect,
+  .db_is_connected = pg_is_connected,
+  .db_disconnect = pg_disconnect,
+  .exec = pg_exec,
+  .query = pg_query,
+  .row_next = pg_row_next,
+  .col_text = pg_col_text,
+  .col_int = pg_col_int,
+  .query_end = pg_query_end,
+  .migrate_lock = pg_migrate_lock,
+};

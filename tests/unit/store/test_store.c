@@ -1,0 +1,1388 @@
+/*
+ * The binding store against real databases: one suite, run once on SQLite
+ * (a file in a fresh temporary directory) and once on PostgreSQL (a server
+ * started by run_pg.py, URL in OSR_TEST_PG_URL).
+ *
+ * Every test uses its own tenant names and ids (unique per process), so the
+ * tests share one database without seeing each other's rows; list tests that
+ * cross tenants narrow by a metadata value unique to the test.
+ *
+ * Child processes (exec of this binary with a sub-command) prove durability
+ * across processes: rows a first process committed are visible to a second,
+ * and rows whose callback fired survive the first process dying abruptly.
+ *
+ * PostgreSQL outage and restart are driven by run_pg.py through two pipe fds
+ * given in OSR_TEST_PG_CTL ("<read fd>,<write fd>"): we write "stop" or
+ * "start" and read "ok" once the server is down or accepting queries again.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "store/store.h"
+#include "util/mem.h"
+
+#define WAIT_MS 30000
+
+static char g_url[1024];
+static int g_pg;
+static const char *g_self;
+static unsigned g_seq;
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static void uniq(char *out, size_t cap, const char *prefix)
+{
+  /* 20 chars for ids ("b" + pid + counter), readable names otherwise. */
+  snprintf(out, cap, "%s%07u%012u", prefix, (unsigned)getpid() % 10000000u, ++g_seq);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+  (void)t;
+}
+
+/* Run the loop until *flag >= want, bounded in time (fails the test). */
+static void wait_for(uv_loop_t *loop, const int *flag, int want)
+{
+  uv_timer_t tick;
+  uint64_t end = uv_now(loop) + WAIT_MS;
+
+  uv_timer_init(loop, &tick);
+  uv_timer_start(&tick, on_tick, 10, 10);
+  while (*flag < want) {
+    uv_run(loop, UV_RUN_ONCE);
+    uv_update_time(loop);
+    if (uv_now(loop) > end)
+      fail_msg("timed out waiting for store callbacks (%d of %d)", *flag, want);
+  }
+  uv_timer_stop(&tick);
+  uv_close((uv_handle_t *)&tick, NULL);
+  uv_run(loop, UV_RUN_NOWAIT);
+}
+
+typedef struct ctx_s {
+  uv_loop_t loop;
+  osr_store_t *st;
+  int opened;
+  int open_status;
+  int closed;
+} ctx_t;
+
+static void on_open(osr_store_t *st, int status, void *data)
+{
+  ctx_t *c = data;
+  assert_ptr_equal(st, c->st);
+  c->open_status = status;
+  c->opened++;
+}
+
+static void on_closed(void *data)
+{
+  ((ctx_t *)data)->closed++;
+}
+
+static int ctx_open_url(ctx_t *c, const char *url)
+{
+  int rv;
+  memset(c, 0, sizeof(*c));
+  assert_int_equal(uv_loop_init(&c->loop), 0);
+  rv = osr_store_open(&c->loop, url, on_open, c, &c->st);
+  assert_int_equal(rv, 0);
+  wait_for(&c->loop, &c->opened, 1);
+  return c->open_status;
+}
+
+static void ctx_open(ctx_t *c)
+{
+  assert_int_equal(ctx_open_url(c, g_url), 0);
+  assert_string_equal(osr_store_backend(c->st), g_pg ? "postgres" : "sqlite");
+}
+
+static void ctx_close(ctx_t *c)
+{
+  osr_store_close(c->st, on_closed, c);
+  wait_for(&c->loop, &c->closed, 1);
+  assert_int_equal(uv_run(&c->loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&c->loop), 0);
+}
+
+/* One call's outcome, copied out of the callback. */
+typedef struct res_s {
+  int done;
+  int status;
+  int created;
+  osr_binding_t b;
+  osr_binding_t *items;
+  size_t n;
+  char cursor[128];
+  int has_cursor;
+  osr_api_key_t k;
+  osr_api_key_t *keys;
+  osr_audit_event_t *evs;
+  uint64_t t0, t1;
+} res_t;
+
+static void res_free(res_t *r)
+{
+  size_t i;
+  osr_binding_dispose(&r->b);
+  for (i = 0; r->items != NULL && i < r->n; i++)
+    osr_binding_dispose(&r->items[i]);
+  osr_freep(&r->items);
+  osr_freep(&r->keys);
+  for (i = 0; r->evs != NULL && i < r->n; i++)
+    osr_free(r->evs[i].detail_json);
+  osr_freep(&r->evs);
+  memset(r, 0, sizeof(*r));
+}
+
+static void on_binding(int status, const osr_binding_t *b, int created, void *data)
+{
+  res_t *r = data;
+  r->status = status;
+  r->created = created;
+  if (status == 0) {
+    assert_non_null(b);
+    osr_binding_copy(&r->b, b);
+  } else {
+    assert_null(b);
+  }
+  r->t1 = uv_hrtime();
+  r->done++;
+}
+
+static void on_done(int status, void *data)
+{
+  res_t *r = data;
+  r->status = status;
+  r->t1 = uv_hrtime();
+  r->done++;
+}
+
+static void on_list(int status, const osr_binding_t *items, size_t n, const char *next, void *data)
+{
+  res_t *r = data;
+  size_t i;
+  r->status = status;
+  r->n = n;
+  if (n > 0) {
+    r->items = osr_xcalloc(n, sizeof(*items));
+    for (i = 0; i < n; i++)
+      osr_binding_copy(&r->items[i], &items[i]);
+  }
+  r->has_cursor = next != NULL;
+  if (next != NULL)
+    snprintf(r->cursor, sizeof(r->cursor), "%s", next);
+  r->done++;
+}
+
+static void on_key(int status, const osr_api_key_t *k, void *data)
+{
+  res_t *r = data;
+  r->status = status;
+  if (status == 0)
+    r->k = *k;
+  else
+    assert_null(k);
+  r->done++;
+}
+
+static void on_keys(int status, const osr_api_key_t *k, size_t n, void *data)
+{
+  res_t *r = data;
+  r->status = status;
+  r->n = n;
+  if (n > 0) {
+    r->keys = osr_xcalloc(n, sizeof(*k));
+    memcpy(r->keys, k, n * sizeof(*k));
+  }
+  r->done++;
+}
+
+static void on_audit(int status, const osr_audit_event_t *ev, size_t n, const char *next, void *data)
+{
+  res_t *r = data;
+  size_t i;
+  r->status = status;
+  r->n = n;
+  if (n > 0) {
+    r->evs = osr_xcalloc(n, sizeof(*ev));
+    for (i = 0; i < n; i++) {
+      r->evs[i] = ev[i];
+      r->evs[i].detail_json = ev[i].detail_json != NULL ? osr_xstrdup(ev[i].detail_json) : NULL;
+    }
+  }
+  r->has_cursor = next != NULL;
+  if (next != NULL)
+    snprintf(r->cursor, sizeof(r->cursor), "%s", next);
+  r->done++;
+}
+
+/* A 64-char fake hash unique per key id. */
+static void mk_hash(char *hash, const char *key_id, int n)
+{
+  size_t len;
+  memset(hash, '0', 64);
+  hash[64] = '\0';
+  len = strlen(key_id);
+  memcpy(hash, key_id, len < 60 ? len : 60);
+  hash[63] = (char)('0' + n);
+}
+
+static void mk_binding(osr_binding_t *b, const char *tenant, const char *key, int64_t created)
+{
+  osr_binding_init(b);
+  uniq(b->id, sizeof(b->id), "b");
+  snprintf(b->tenant, sizeof(b->tenant), "%s", tenant);
+  snprintf(b->idem_key, sizeof(b->idem_key), "%s", key != NULL ? key : "");
+  memset(b->request_hash, 'a', 64);
+  snprintf(b->template_id, sizeof(b->template_id), "python:3.12");
+  snprintf(b->provider, sizeof(b->provider), "sim-a");
+  snprintf(b->region, sizeof(b->region), "eu-west");
+  b->isolation = OSR_ISO_GVISOR;
+  b->attempt = 1;
+  b->created_ms = created;
+  b->updated_ms = created;
+  b->expires_ms = created + 3600000;
+  b->idle_timeout_ms = 600000;
+}
+
+static void sync_create(ctx_t *c, const osr_binding_t *b, res_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(osr_store_create_intent(c->st, b, on_binding, r), 0);
+  assert_int_equal(r->done, 0); /* never from inside the call */
+  wait_for(&c->loop, &r->done, 1);
+}
+
+static void sync_get(ctx_t *c, const char *tenant, const char *id, res_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(osr_store_get(c->st, tenant, id, on_binding, r), 0);
+  wait_for(&c->loop, &r->done, 1);
+}
+
+static void sync_update(ctx_t *c, const osr_binding_t *b, res_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(osr_store_update(c->st, b, on_done, r), 0);
+  wait_for(&c->loop, &r->done, 1);
+}
+
+static void sync_list(ctx_t *c, const osr_store_query_t *q, res_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(osr_store_list(c->st, q, on_list, r), 0);
+  wait_for(&c->loop, &r->done, 1);
+}
+
+/* Read a whole listing page by page; returns the number of rows and checks
+ * the (created_ms, id) order and that no row repeats. */
+static size_t list_all(ctx_t *c, osr_store_query_t q, size_t page, char ids[][OSR_ID_MAX], size_t cap)
+{
+  char cursor[128];
+  size_t total = 0, pages = 0, i;
+  int64_t last_created = -1;
+  char last_id[OSR_ID_MAX] = "";
+  res_t r;
+
+  q.limit = page;
+  q.cursor = NULL;
+  for (;;) {
+    sync_list(c, &q, &r);
+    assert_int_equal(r.status, 0);
+    assert_true(r.n <= page);
+    for (i = 0; i < r.n; i++) {
+      const osr_binding_t *b = &r.items[i];
+      assert_true(b->created_ms > last_created ||
+                  (b->created_ms == last_created && strcmp(b->id, last_id) > 0));
+      last_created = b->created_ms;
+      snprintf(last_id, sizeof(last_id), "%s", b->id);
+      assert_true(total < cap);
+      snprintf(ids[total++], OSR_ID_MAX, "%s", b->id);
+    }
+    if (!r.has_cursor) {
+      res_free(&r);
+      break;
+    }
+    assert_int_equal(r.n, page); /* only full pages have a next page */
+    snprintf(cursor, sizeof(cursor), "%s", r.cursor);
+    q.cursor = cursor;
+    res_free(&r);
+    assert_true(++pages < 1000);
+  }
+  return total;
+}
+
+/* Run this binary as a child with a sub-command; returns its exit status. */
+static int run_child(const char *cmd, const char *arg)
+{
+  pid_t pid = fork();
+  int st = 0;
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execl(g_self, g_self, cmd, g_url, arg, (char *)NULL);
+    _exit(127);
+  }
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  if (WIFSIGNALED(st))
+    return 128 + WTERMSIG(st);
+  return WEXITSTATUS(st);
+}
+
+/* ---- tests: values and arguments ------------------------------------------------ */
+
+static void test_state_names(void **state)
+{
+  osr_binding_t a, b;
+  int s;
+  (void)state;
+  for (s = OSR_BINDING_CREATING; s <= OSR_BINDING_LOST; s++)
+    assert_int_equal(osr_binding_state_parse(osr_binding_state_name((osr_binding_state_t)s)), s);
+  assert_string_equal(osr_binding_state_name(OSR_BINDING_RUNNING), "running");
+  assert_int_equal(osr_binding_state_parse("nope"), 0);
+  assert_int_equal(osr_binding_state_parse(NULL), 0);
+  assert_string_equal(osr_binding_state_name((osr_binding_state_t)99), "unknown");
+
+  osr_binding_init(&a);
+  snprintf(a.id, sizeof(a.id), "x");
+  a.granted_json = osr_xstrdup("{\"gpu\":1}");
+  osr_binding_copy(&b, &a);
+  assert_ptr_not_equal(a.granted_json, b.granted_json);
+  assert_string_equal(b.granted_json, "{\"gpu\":1}");
+  assert_null(b.error_json);
+  osr_binding_dispose(&a);
+  osr_binding_dispose(&b);
+  assert_null(b.granted_json);
+}
+
+static void test_bad_urls(void **state)
+{
+  uv_loop_t loop;
+  osr_store_t *st = (osr_store_t *)&loop;
+  static const char *const bad[] = {
+    "mysql://x/y", "sqlite:", "sqlite://", "sqlite:/tmp/x.db?sync=sometimes", "sqlite:/tmp/x?foo=1",
+    "postgres://127.0.0.1/db?pool=0", "postgres://127.0.0.1/db?pool=99", "postgres://127.0.0.1/db?pool=x",
+    "postgresql://127.0.0.1/db?nosuchparam=1", "", "postgres:/nohost",
+  };
+  size_t i;
+  (void)state;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  for (i = 0; i < OSR_ARRAY_SIZE(bad); i++) {
+    st = (osr_store_t *)&loop;
+    assert_int_equal(osr_store_open(&loop, bad[i], on_open, NULL, &st), OSR_EINVAL);
+    assert_null(st);
+  }
+  assert_int_equal(osr_store_open(&loop, NULL, on_open, NULL, &st), OSR_EINVAL);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+static void test_bad_args(void **state)
+{
+  ctx_t c;
+  osr_binding_t b;
+  osr_store_query_t q;
+  osr_api_key_t k;
+  osr_audit_event_t ev;
+  const char *keys[1] = {"k"}, *vals[1] = {"v"};
+  char *big;
+  res_t r;
+  (void)state;
+
+  ctx_open(&c);
+  mk_binding(&b, "tenant-bad", NULL, 1000);
+  b.metadata_json = (char *)"[1,2]";
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  b.metadata_json = (char *)"{\"a\": 1}";
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  b.metadata_json = (char *)"{\"a\": \"x\", \"a\": \"y\"}";
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  b.metadata_json = (char *)"{not json";
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  b.metadata_json = NULL;
+  big = osr_xmalloc(64 * 1024 + 2);
+  memset(big, ' ', 64 * 1024 + 1);
+  big[0] = '{';
+  big[64 * 1024] = '}';
+  big[64 * 1024 + 1] = '\0';
+  b.request_json = big;
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  b.request_json = NULL;
+  osr_free(big);
+  b.id[0] = '\0';
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  mk_binding(&b, "", NULL, 1000);
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  memset(b.tenant, 'x', sizeof(b.tenant)); /* not terminated */
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
+  assert_int_equal(osr_store_get(c.st, NULL, "", on_binding, &r), OSR_EINVAL);
+
+  memset(&q, 0, sizeof(q));
+  q.cursor = "garbage";
+  assert_int_equal(osr_store_list(c.st, &q, on_list, &r), OSR_EINVAL);
+  q.cursor = "12:bad id";
+  assert_int_equal(osr_store_list(c.st, &q, on_list, &r), OSR_EINVAL);
+  q.cursor = NULL;
+  q.nmeta = 17;
+  q.meta_keys = keys;
+  q.meta_values = vals;
+  assert_int_equal(osr_store_list(c.st, &q, on_list, &r), OSR_EINVAL);
+  assert_int_equal(osr_store_audit_list(c.st, NULL, "x", 10, on_audit, &r), OSR_EINVAL);
+  assert_int_equal(osr_store_audit_list(c.st, NULL, "-5", 10, on_audit, &r), OSR_EINVAL);
+
+  memset(&k, 0, sizeof(k));
+  snprintf(k.key_id, sizeof(k.key_id), "k_1");
+  snprintf(k.hash, sizeof(k.hash), "h");
+  k.role = (osr_role_t)7;
+  assert_int_equal(osr_store_key_put(c.st, &k, on_done, &r), OSR_EINVAL);
+  memset(&ev, 0, sizeof(ev));
+  assert_int_equal(osr_store_audit_append(c.st, &ev, on_done, &r), OSR_EINVAL); /* no action */
+
+  /* After close every call is refused and nothing fires. */
+  osr_store_close(c.st, on_closed, &c);
+  mk_binding(&b, "tenant-bad", NULL, 1000);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_ECLOSED);
+  assert_int_equal(osr_store_touch(c.st, b.id, 1, on_done, &r), OSR_ECLOSED);
+  wait_for(&c.loop, &c.closed, 1);
+  assert_int_equal(r.done, 0);
+  assert_int_equal(uv_run(&c.loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&c.loop), 0);
+}
+
+/* ---- tests: bindings ----------------------------------------------------------------- */
+
+static void test_create_get_update(void **state)
+{
+  ctx_t c;
+  osr_binding_t b, u;
+  char tenant[40], other[40];
+  res_t r;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-cgu-");
+  uniq(other, sizeof(other), "t-oth-");
+  ctx_open(&c);
+  mk_binding(&b, tenant, "key-1", 1700000000000);
+  b.state = OSR_BINDING_RUNNING; /* ignored: an intent is always CREATING */
+  b.request_json = (char *)"{\"template\":\"python:3.12\"}";
+  b.metadata_json = (char *)"{\"team\":\"ml\",\"owner\":\"ann\"}";
+  b.granted_json = (char *)"{}";
+  sync_create(&c, &b, &r);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.created, 1);
+  assert_string_equal(r.b.id, b.id);
+  assert_int_equal(r.b.state, OSR_BINDING_CREATING);
+  res_free(&r);
+
+  sync_get(&c, tenant, b.id, &r);
+  assert_int_equal(r.status, 0);
+  assert_string_equal(r.b.tenant, tenant);
+  assert_string_equal(r.b.idem_key, "key-1");
+  assert_memory_equal(r.b.request_hash, b.request_hash, 65);
+  assert_string_equal(r.b.template_id, "python:3.12");
+  assert_string_equal(r.b.provider, "sim-a");
+  assert_string_equal(r.b.region, "eu-west");
+  assert_int_equal(r.b.isolation, OSR_ISO_GVISOR);
+  assert_int_equal(r.b.state, OSR_BINDING_CREATING);
+  assert_int_equal(r.b.attempt, 1);
+  assert_int_equal(r.b.created_ms, 1700000000000);
+  assert_int_equal(r.b.expires_ms, 1700000000000 + 3600000);
+  assert_int_equal(r.b.idle_timeout_ms, 600000);
+  assert_string_equal(r.b.request_json, "{\"template\":\"python:3.12\"}");
+  assert_string_equal(r.b.metadata_json, "{\"team\":\"ml\",\"owner\":\"ann\"}");
+  assert_string_equal(r.b.granted_json, "{}");
+  assert_null(r.b.error_json);
+  res_free(&r);
+
+  /* Another tenant cannot see it; the admin (NULL) can. */
+  sync_get(&c, other, b.id, &r);
+  assert_int_equal(r.status, OSR_ENOTFOUND);
+  res_free(&r);
+  sync_get(&c, NULL, b.id, &r);
+  assert_int_equal(r.status, 0);
+  osr_binding_copy(&u, &r.b);
+  res_free(&r);
+
+  /* Update the mutable fields. */
+  snprintf(u.provider, sizeof(u.provider), "sim-b");
+  snprintf(u.provider_id, sizeof(u.provider_id), "prov-123");
+  snprintf(u.region, sizeof(u.region), "us-east");
+  u.isolation = OSR_ISO_FIRECRACKER;
+  snprintf(u.agent_endpoint, sizeof(u.agent_endpoint), "10.0.0.5:7000");
+  u.state = OSR_BINDING_RUNNING;
+  u.attempt = 2;
+  u.updated_ms = 1700000001000;
+  u.last_activity_ms = 1700000001500;
+  osr_free(u.granted_json);
+  u.granted_json = osr_xstrdup("{\"vcpus\":2}");
+  u.error_json = osr_xstrdup("{\"attempts\":[]}");
+  snprintf(u.template_id, sizeof(u.template_id), "immutable"); /* not written */
+  sync_update(&c, &u, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+
+  /* A stale update cannot move last_activity backwards. */
+  u.last_activity_ms = 5;
+  u.state = OSR_BINDING_ENDED;
+  u.ended_ms = 1700000002000;
+  snprintf(u.end_reason, sizeof(u.end_reason), "killed");
+  sync_update(&c, &u, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+
+  sync_get(&c, tenant, b.id, &r);
+  assert_int_equal(r.status, 0);
+  assert_string_equal(r.b.provider, "sim-b");
+  assert_string_equal(r.b.provider_id, "prov-123");
+  assert_string_equal(r.b.region, "us-east");
+  assert_int_equal(r.b.isolation, OSR_ISO_FIRECRACKER);
+  assert_string_equal(r.b.agent_endpoint, "10.0.0.5:7000");
+  assert_int_equal(r.b.state, OSR_BINDING_ENDED);
+  assert_int_equal(r.b.attempt, 2);
+  assert_int_equal(r.b.updated_ms, 1700000001000);
+  assert_int_equal(r.b.last_activity_ms, 1700000001500);
+  assert_int_equal(r.b.ended_ms, 1700000002000);
+  assert_string_equal(r.b.end_reason, "killed");
+  assert_string_equal(r.b.granted_json, "{\"vcpus\":2}");
+  assert_string_equal(r.b.error_json, "{\"attempts\":[]}");
+  assert_string_equal(r.b.template_id, "python:3.12");
+  assert_string_equal(r.b.request_json, "{\"template\":\"python:3.12\"}");
+  res_free(&r);
+
+  /* Unknown ids. */
+  uniq(u.id, sizeof(u.id), "b");
+  sync_update(&c, &u, &r);
+  assert_int_equal(r.status, OSR_ENOTFOUND);
+  sync_get(&c, NULL, u.id, &r);
+  assert_int_equal(r.status, OSR_ENOTFOUND);
+  res_free(&r);
+
+  /* The same id twice without a key is a conflict, not a second row. */
+  mk_binding(&u, tenant, NULL, 1700000000000);
+  snprintf(u.id, sizeof(u.id), "%s", b.id);
+  sync_create(&c, &u, &r);
+  assert_int_equal(r.status, OSR_ECONFLICT);
+  res_free(&r);
+
+  osr_binding_dispose(&u);
+  assert_true(osr_store_last_latency_us(c.st) > 0);
+  ctx_close(&c);
+}
+
+static void test_idempotency(void **state)
+{
+  enum { N = 50 };
+  ctx_t c;
+  osr_binding_t b[N], x, y;
+  res_t r[N], rx, ry;
+  char tenant[40], tenant2[40];
+  int i, created = 0;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-idem-");
+  uniq(tenant2, sizeof(tenant2), "t-idem2-");
+  ctx_open(&c);
+  /* 50 concurrent creates with one (tenant, key): exactly one row. */
+  for (i = 0; i < N; i++) {
+    mk_binding(&b[i], tenant, "same-key", 1700000000000 + i);
+    memset(&r[i], 0, sizeof(r[i]));
+    assert_int_equal(osr_store_create_intent(c.st, &b[i], on_binding, &r[i]), 0);
+  }
+  for (i = 0; i < N; i++)
+    wait_for(&c.loop, &r[i].done, 1);
+  for (i = 0; i < N; i++) {
+    assert_int_equal(r[i].status, 0);
+    created += r[i].created;
+    if (r[i].created)
+      assert_string_equal(r[i].b.id, b[i].id);
+  }
+  assert_int_equal(created, 1);
+  for (i = 1; i < N; i++)
+    assert_string_equal(r[i].b.id, r[0].b.id);
+  for (i = 0; i < N; i++) {
+    assert_string_equal(r[i].b.idem_key, "same-key");
+    assert_string_equal(r[i].b.tenant, tenant);
+    res_free(&r[i]);
+  }
+
+  /* A later retry gets the same row back (created = 0). */
+  mk_binding(&x, tenant, "same-key", 1700000009999);
+  sync_create(&c, &x, &rx);
+  assert_int_equal(rx.status, 0);
+  assert_int_equal(rx.created, 0);
+  assert_string_not_equal(rx.b.id, x.id);
+  res_free(&rx);
+
+  /* The same key in another tenant is another sandbox. */
+  mk_binding(&y, tenant2, "same-key", 1700000000000);
+  sync_create(&c, &y, &ry);
+  assert_int_equal(ry.status, 0);
+  assert_int_equal(ry.created, 1);
+  assert_string_equal(ry.b.id, y.id);
+  res_free(&ry);
+
+  /* No key: every create is its own row. */
+  mk_binding(&x, tenant, NULL, 1700000000000);
+  mk_binding(&y, tenant, NULL, 1700000000000);
+  sync_create(&c, &x, &rx);
+  sync_create(&c, &y, &ry);
+  assert_int_equal(rx.created + ry.created, 2);
+  res_free(&rx);
+  res_free(&ry);
+  ctx_close(&c);
+}
+
+static void test_list(void **state)
+{
+  enum { N = 23 };
+  ctx_t c;
+  osr_binding_t b;
+  osr_store_query_t q;
+  char tenant[40], other[40], run[40], ids[64][OSR_ID_MAX], made[N][OSR_ID_MAX], meta[160];
+  const char *mk[2], *mv[2];
+  res_t r;
+  size_t n, i;
+  int j;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-list-");
+  uniq(other, sizeof(other), "t-lst2-");
+  uniq(run, sizeof(run), "run-");
+  ctx_open(&c);
+  /* Rows i: state RUNNING for odd i (after update), team "a" for i % 3 == 0,
+   * several rows share a created_ms so the id breaks ties. */
+  for (j = 0; j < N; j++) {
+    mk_binding(&b, j < 20 ? tenant : other, NULL, 1700000000000 + j / 2);
+    snprintf(meta, sizeof(meta), "{\"run\":\"%s\",\"team\":\"%s\",\"n\":\"%d\"}", run,
+             j % 3 == 0 ? "a" : "b", j);
+    b.metadata_json = meta;
+    b.expires_ms = j < 5 ? 1000 + j : 0;
+    sync_create(&c, &b, &r);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.created, 1);
+    res_free(&r);
+    snprintf(made[j], OSR_ID_MAX, "%s", b.id);
+    if (j % 2 == 1) {
+      b.metadata_json = NULL;
+      b.state = OSR_BINDING_RUNNING;
+      sync_update(&c, &b, &r);
+      assert_int_equal(r.status, 0);
+    }
+  }
+
+  memset(&q, 0, sizeof(q));
+  q.tenant = tenant;
+  n = list_all(&c, q, 7, ids, 64);
+  assert_int_equal(n, 20);
+  for (i = 0; i < 20; i++) {
+    size_t k;
+    int seen = 0;
+    for (k = 0; k < n; k++)
+      seen += strcmp(ids[k], made[i]) == 0;
+    assert_int_equal(seen, 1);
+  }
+  /* Page sizes that divide the total exactly end with an empty-cursor page. */
+  assert_int_equal(list_all(&c, q, 5, ids, 64), 20);
+  assert_int_equal(list_all(&c, q, 20, ids, 64), 20);
+  assert_int_equal(list_all(&c, q, 1000, ids, 64), 20);
+
+  q.state_mask = 1u << OSR_BINDING_RUNNING;
+  assert_int_equal(list_all(&c, q, 4, ids, 64), 10);
+  q.state_mask = (1u << OSR_BINDING_RUNNING) | (1u << OSR_BINDING_CREATING);
+  assert_int_equal(list_all(&c, q, 100, ids, 64), 20);
+  q.state_mask = 1u << OSR_BINDING_LOST;
+  assert_int_equal(list_all(&c, q, 100, ids, 64), 0);
+  q.state_mask = 1u << 20; /* no known state */
+  assert_int_equal(list_all(&c, q, 100, ids, 64), 0);
+  q.state_mask = 0;
+
+  mk[0] = "team";
+  mv[0] = "a";
+  q.meta_keys = mk;
+  q.meta_values = mv;
+  q.nmeta = 1;
+  assert_int_equal(list_all(&c, q, 3, ids, 64), 7); /* 0,3,...,18 */
+  q.state_mask = 1u << OSR_BINDING_RUNNING;
+  assert_int_equal(list_all(&c, q, 3, ids, 64), 3); /* 3, 9, 15 */
+  q.state_mask = 0;
+  mk[1] = "n";
+  mv[1] = "9";
+  q.nmeta = 2;
+  assert_int_equal(list_all(&c, q, 3, ids, 64), 1);
+  assert_string_equal(ids[0], made[9]);
+  mv[1] = "10"; /* team b */
+  assert_int_equal(list_all(&c, q, 3, ids, 64), 0);
+
+  /* All tenants, narrowed to this test's rows by metadata. */
+  q.tenant = NULL;
+  mk[0] = "run";
+  mv[0] = run;
+  q.nmeta = 1;
+  assert_int_equal(list_all(&c, q, 6, ids, 64), N);
+  q.tenant = other;
+  assert_int_equal(list_all(&c, q, 6, ids, 64), 3);
+
+  /* Reaper query: expires before a deadline (rows 0..4 expire at 1000+j). */
+  q.tenant = NULL;
+  q.expires_before_ms = 1003;
+  assert_int_equal(list_all(&c, q, 2, ids, 64), 3);
+  q.expires_before_ms = 0;
+
+  /* Limit clamps: 0 means the default page. */
+  q.limit = 0;
+  q.cursor = NULL;
+  sync_list(&c, &q, &r);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.n, N);
+  assert_false(r.has_cursor);
+  res_free(&r);
+  ctx_close(&c);
+}
+
+static void test_touch(void **state)
+{
+  enum { N = 40 };
+  ctx_t c;
+  osr_binding_t b;
+  res_t r, t[N], u;
+  char tenant[40], missing[OSR_ID_MAX];
+  int i;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-touch-");
+  ctx_open(&c);
+  mk_binding(&b, tenant, NULL, 1700000000000);
+  sync_create(&c, &b, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+  /* Many touches in one burst, out of order: the latest wins. */
+  for (i = 0; i < N; i++) {
+    memset(&t[i], 0, sizeof(t[i]));
+    assert_int_equal(osr_store_touch(c.st, b.id, 1700000100000 + ((i * 17) % N), on_done, &t[i]), 0);
+  }
+  uniq(missing, sizeof(missing), "b");
+  memset(&u, 0, sizeof(u));
+  assert_int_equal(osr_store_touch(c.st, missing, 5, on_done, &u), 0);
+  for (i = 0; i < N; i++) {
+    wait_for(&c.loop, &t[i].done, 1);
+    assert_int_equal(t[i].status, 0);
+  }
+  wait_for(&c.loop, &u.done, 1);
+  assert_int_equal(u.status, 0); /* unknown ids are ignored: activity is best effort */
+  sync_get(&c, tenant, b.id, &r);
+  assert_int_equal(r.b.last_activity_ms, 1700000100000 + N - 1);
+  res_free(&r);
+  /* An older touch does not go back in time. */
+  memset(&u, 0, sizeof(u));
+  assert_int_equal(osr_store_touch(c.st, b.id, 1700000000001, on_done, &u), 0);
+  wait_for(&c.loop, &u.done, 1);
+  sync_get(&c, tenant, b.id, &r);
+  assert_int_equal(r.b.last_activity_ms, 1700000100000 + N - 1);
+  res_free(&r);
+  ctx_close(&c);
+}
+
+/* ---- tests: keys and audit ----------------------------------------------------------- */
+
+static void test_keys(void **state)
+{
+  ctx_t c;
+  osr_api_key_t k, k2, adm;
+  char tenant[40];
+  res_t r;
+  size_t i;
+  int found = 0;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-keys-");
+  ctx_open(&c);
+  memset(&k, 0, sizeof(k));
+  uniq(k.key_id, sizeof(k.key_id), "k_");
+  snprintf(k.tenant, sizeof(k.tenant), "%s", tenant);
+  k.role = OSR_ROLE_TENANT;
+  mk_hash(k.hash, k.key_id, 1);
+  snprintf(k.name, sizeof(k.name), "ci");
+  k.created_ms = 1700000000000;
+  k2 = k;
+  uniq(k2.key_id, sizeof(k2.key_id), "k_");
+  mk_hash(k2.hash, k2.key_id, 2);
+  k2.created_ms = 1700000000001;
+  adm = k;
+  uniq(adm.key_id, sizeof(adm.key_id), "k_");
+  mk_hash(adm.hash, adm.key_id, 3);
+  snprintf(adm.tenant, sizeof(adm.tenant), "admin");
+  adm.role = OSR_ROLE_ADMIN;
+
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_put(c.st, &k, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_put(c.st, &k2, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_put(c.st, &adm, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  /* Same id or same hash again: conflict. */
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_put(c.st, &k, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, OSR_ECONFLICT);
+  adm = k;
+  uniq(adm.key_id, sizeof(adm.key_id), "k_");
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_put(c.st, &adm, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, OSR_ECONFLICT);
+
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_lookup(c.st, k.hash, on_key, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  assert_string_equal(r.k.key_id, k.key_id);
+  assert_string_equal(r.k.tenant, tenant);
+  assert_int_equal(r.k.role, OSR_ROLE_TENANT);
+  assert_string_equal(r.k.name, "ci");
+  assert_int_equal(r.k.created_ms, 1700000000000);
+  assert_int_equal(r.k.revoked_ms, 0);
+
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_list(c.st, tenant, on_keys, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.n, 2);
+  assert_string_equal(r.keys[0].key_id, k.key_id);
+  assert_string_equal(r.keys[1].key_id, k2.key_id);
+  res_free(&r);
+  assert_int_equal(osr_store_key_list(c.st, NULL, on_keys, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  for (i = 0; i < r.n; i++)
+    found += strcmp(r.keys[i].tenant, "admin") == 0 && r.keys[i].role == OSR_ROLE_ADMIN;
+  assert_true(found >= 1);
+  assert_true(r.n >= 3);
+  res_free(&r);
+
+  assert_int_equal(osr_store_key_revoke(c.st, k.key_id, 1700000005000, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_revoke(c.st, k.key_id, 1700000009000, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0); /* idempotent */
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_revoke(c.st, "k_nosuchkey", 1, on_done, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, OSR_ENOTFOUND);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_lookup(c.st, k.hash, on_key, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, OSR_ENOTFOUND);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_key_list(c.st, tenant, on_keys, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.n, 2);
+  assert_int_equal(r.keys[0].revoked_ms, 1700000005000); /* first revocation kept */
+  res_free(&r);
+  assert_int_equal(osr_store_key_lookup(c.st, k2.hash, on_key, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  ctx_close(&c);
+}
+
+static void test_audit(void **state)
+{
+  enum { N = 12 };
+  ctx_t c;
+  osr_audit_event_t ev;
+  char tenant[40], other[40], cursor[128];
+  res_t r, w[N + 3];
+  int64_t last = INT64_MAX;
+  int i, total = 0, pages = 0, seen[N];
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-aud-");
+  uniq(other, sizeof(other), "t-aud2-");
+  ctx_open(&c);
+  for (i = 0; i < N + 3; i++) {
+    memset(&ev, 0, sizeof(ev));
+    ev.at_ms = 1700000000000 + i;
+    snprintf(ev.tenant, sizeof(ev.tenant), "%s", i < N ? tenant : other);
+    snprintf(ev.actor, sizeof(ev.actor), "k_test");
+    snprintf(ev.action, sizeof(ev.action), "create");
+    snprintf(ev.sandbox_id, sizeof(ev.sandbox_id), "sb%d", i);
+    snprintf(ev.outcome, sizeof(ev.outcome), i == 4 ? "no_capable_provider" : "ok");
+    ev.detail_json = i == 2 ? (char *)"{\"provider\":\"sim-a\"}" : NULL;
+    memset(&w[i], 0, sizeof(w[i]));
+    assert_int_equal(osr_store_audit_append(c.st, &ev, on_done, &w[i]), 0);
+  }
+  for (i = 0; i < N + 3; i++) {
+    wait_for(&c.loop, &w[i].done, 1);
+    assert_int_equal(w[i].status, 0);
+  }
+  /* Newest first, by pages of 5: 5, 5, 2. With a connection pool,
+   * appends issued together may commit in any order, so seq order is
+   * checked, and the set of events, not their submission order. */
+  cursor[0] = '\0';
+  memset(seen, 0, sizeof(seen));
+  for (;;) {
+    size_t k;
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(osr_store_audit_list(c.st, tenant, cursor[0] ? cursor : NULL, 5, on_audit, &r), 0);
+    wait_for(&c.loop, &r.done, 1);
+    assert_int_equal(r.status, 0);
+    for (k = 0; k < r.n; k++) {
+      int idx = (int)(r.evs[k].at_ms - 1700000000000);
+      assert_true(r.evs[k].seq < last);
+      last = r.evs[k].seq;
+      assert_string_equal(r.evs[k].tenant, tenant);
+      assert_true(idx >= 0 && idx < N);
+      assert_int_equal(seen[idx], 0);
+      seen[idx] = 1;
+      assert_string_equal(r.evs[k].action, "create");
+      assert_string_equal(r.evs[k].actor, "k_test");
+      if (idx == 2)
+        assert_string_equal(r.evs[k].detail_json, "{\"provider\":\"sim-a\"}");
+      else
+        assert_null(r.evs[k].detail_json);
+      assert_string_equal(r.evs[k].outcome, idx == 4 ? "no_capable_provider" : "ok");
+      total++;
+    }
+    pages++;
+    if (!r.has_cursor) {
+      assert_int_equal(r.n, 2);
+      res_free(&r);
+      break;
+    }
+    assert_int_equal(r.n, 5);
+    snprintf(cursor, sizeof(cursor), "%s", r.cursor);
+    res_free(&r);
+    assert_true(pages < 10);
+  }
+  assert_int_equal(total, N);
+  assert_int_equal(pages, 3);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_audit_list(c.st, NULL, NULL, 1000, on_audit, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_true(r.n >= N + 3);
+  res_free(&r);
+  ctx_close(&c);
+}
+
+/* ---- tests: lifecycle and durability ------------------------------------------------------ */
+
+typedef struct closer_s {
+  int fired;
+  int closed_seen_before; /* a request callback after the close callback */
+  int *closed;
+} closer_t;
+
+static void on_binding_count(int status, const osr_binding_t *b, int created, void *data)
+{
+  closer_t *cl = data;
+  (void)b;
+  (void)created;
+  /* A get may overtake its create on another pooled connection. */
+  assert_true(status == 0 || status == OSR_ENOTFOUND);
+  if (*cl->closed)
+    cl->closed_seen_before++;
+  cl->fired++;
+}
+
+static void test_close_with_queued_work(void **state)
+{
+  enum { N = 300 };
+  ctx_t c;
+  osr_binding_t b;
+  closer_t cl;
+  char tenant[40], first[OSR_ID_MAX] = "";
+  res_t r;
+  int i;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-close-");
+  ctx_open(&c);
+  memset(&cl, 0, sizeof(cl));
+  cl.closed = &c.closed;
+  for (i = 0; i < N; i++) {
+    mk_binding(&b, tenant, NULL, 1700000000000 + i);
+    if (i == 0)
+      snprintf(first, sizeof(first), "%s", b.id);
+    assert_int_equal(osr_store_create_intent(c.st, &b, on_binding_count, &cl), 0);
+    assert_int_equal(osr_store_get(c.st, NULL, first, on_binding_count, &cl), 0);
+  }
+  osr_store_close(c.st, on_closed, &c);
+  osr_store_close(c.st, on_closed, &c); /* second close is a no-op */
+  assert_int_equal(cl.fired, 0);
+  wait_for(&c.loop, &c.closed, 1);
+  assert_int_equal(cl.fired, 2 * N);
+  assert_int_equal(cl.closed_seen_before, 0);
+  assert_int_equal(c.closed, 1);
+  assert_int_equal(uv_run(&c.loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&c.loop), 0);
+
+  /* Reopened (same process), the data is there. */
+  ctx_open(&c);
+  memset(&r, 0, sizeof(r));
+  sync_get(&c, tenant, first, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+  ctx_close(&c);
+}
+
+static void test_other_process_sees_commits(void **state)
+{
+  ctx_t c;
+  osr_binding_t b;
+  char tenant[40];
+  res_t r;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-proc-");
+  ctx_open(&c);
+  mk_binding(&b, tenant, NULL, 1700000000000);
+  sync_create(&c, &b, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+  /* While this store is still open, a second process reads the row. */
+  assert_int_equal(run_child("child-get", b.id), 0);
+  assert_int_equal(run_child("child-get", "bnosuchid00000000000"), 3);
+  ctx_close(&c);
+}
+
+static void test_crash_after_commit(void **state)
+{
+  ctx_t c;
+  res_t r;
+  char id[OSR_ID_MAX];
+  (void)state;
+
+  /* A child creates a row and dies by SIGKILL inside the callback, before
+   * any close: what the callback reported as written must be there. */
+  uniq(id, sizeof(id), "b");
+  assert_int_equal(run_child("child-create-crash", id), 128 + SIGKILL);
+  ctx_open(&c);
+  sync_get(&c, NULL, id, &r);
+  assert_int_equal(r.status, 0);
+  assert_string_equal(r.b.tenant, "t-crash");
+  res_free(&r);
+  ctx_close(&c);
+}
+
+typedef struct open2_s {
+  int done;
+  int status[2];
+} open2_t;
+
+static void on_open2(osr_store_t *st, int status, void *data)
+{
+  open2_t *o = data;
+  (void)st;
+  o->status[o->done++] = status;
+}
+
+/* Two stores ("gateways") opening one fresh database at the same moment:
+ * both migrate safely and both work. Runs first, on a new database. */
+static void test_concurrent_open(void **state)
+{
+  uv_loop_t loop;
+  osr_store_t *a, *b;
+  open2_t o;
+  (void)state;
+
+  memset(&o, 0, sizeof(o));
+  assert_int_equal(uv_loop_init(&loop), 0);
+  assert_int_equal(osr_store_open(&loop, g_url, on_open2, &o, &a), 0);
+  assert_int_equal(osr_store_open(&loop, g_url, on_open2, &o, &b), 0);
+  wait_for(&loop, &o.done, 2);
+  assert_int_equal(o.status[0], 0);
+  assert_int_equal(o.status[1], 0);
+  osr_store_close(a, NULL, NULL);
+  osr_store_close(b, NULL, NULL);
+  assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+static void test_sqlite_file_mode(void **state)
+{
+  struct stat sb;
+  const char *path = g_url + strlen("sqlite:");
+  (void)state;
+  if (g_pg)
+    skip();
+  assert_int_equal(stat(path, &sb), 0);
+  assert_int_equal(sb.st_mode & 0777, 0600);
+}
+
+/* ---- PostgreSQL only: outage, reconnect, two gateways ---------------------------------------- */
+
+static int ctl_rfd = -1, ctl_wfd = -1;
+
+static void pg_ctl(const char *cmd)
+{
+  char line[16];
+  size_t n = 0;
+  ssize_t k;
+  assert_true(ctl_wfd >= 0);
+  assert_int_equal(write(ctl_wfd, cmd, strlen(cmd)), (ssize_t)strlen(cmd));
+  assert_int_equal(write(ctl_wfd, "\n", 1), 1);
+  while (n < sizeof(line) - 1) {
+    k = read(ctl_rfd, line + n, 1);
+    assert_true(k == 1);
+    if (line[n] == '\n')
+      break;
+    n++;
+  }
+  line[n] = '\0';
+  assert_string_equal(line, "ok");
+}
+
+static void test_pg_outage(void **state)
+{
+  enum { BURST = 20 };
+  ctx_t c;
+  osr_binding_t b;
+  res_t r, burst[BURST];
+  char tenant[40], before[OSR_ID_MAX];
+  uint64_t worst = 0, t0;
+  int i, ok = 0;
+  (void)state;
+
+  if (!g_pg || ctl_wfd < 0)
+    skip();
+  uniq(tenant, sizeof(tenant), "t-outage-");
+  ctx_open(&c);
+  mk_binding(&b, tenant, NULL, 1700000000000);
+  snprintf(before, sizeof(before), "%s", b.id);
+  sync_create(&c, &b, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+
+  pg_ctl("stop");
+  /* Sequential calls and a burst: each answers `unavailable`, none hangs. */
+  for (i = 0; i < 5; i++) {
+    mk_binding(&b, tenant, NULL, 1700000000000);
+    t0 = uv_hrtime();
+    sync_create(&c, &b, &r);
+    assert_int_equal(r.status, OSR_EUNAVAILABLE);
+    if (r.t1 - t0 > worst)
+      worst = r.t1 - t0;
+    res_free(&r);
+    sync_get(&c, NULL, before, &r);
+    assert_int_equal(r.status, OSR_EUNAVAILABLE);
+    res_free(&r);
+  }
+  t0 = uv_hrtime();
+  for (i = 0; i < BURST; i++) {
+    memset(&burst[i], 0, sizeof(burst[i]));
+    assert_int_equal(osr_store_get(c.st, NULL, before, on_binding, &burst[i]), 0);
+  }
+  for (i = 0; i < BURST; i++) {
+    wait_for(&c.loop, &burst[i].done, 1);
+    assert_int_equal(burst[i].status, OSR_EUNAVAILABLE);
+    if (burst[i].t1 - t0 > worst)
+      worst = burst[i].t1 - t0;
+  }
+  print_message("postgres down: worst call %.1f ms\n", (double)worst / 1e6);
+  /* "Quickly" is ~2 s by the spec; 5 s here only catches a hang, not speed. */
+  assert_true(worst < 5000000000ull);
+
+  pg_ctl("start");
+  /* The circuit may hold for up to ~500 ms; after that the store reconnects. */
+  for (i = 0; i < 50 && !ok; i++) {
+    sync_get(&c, NULL, before, &r);
+    ok = r.status == 0;
+    res_free(&r);
+    if (!ok)
+      usleep(100000);
+  }
+  assert_true(ok);
+  mk_binding(&b, tenant, "after-restart", 1700000000000);
+  sync_create(&c, &b, &r);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.created, 1);
+  res_free(&r);
+  ctx_close(&c);
+}
+
+static void test_pg_outage_at_open(void **state)
+{
+  ctx_t c;
+  res_t r;
+  int i, ok = 0;
+  (void)state;
+
+  if (!g_pg || ctl_wfd < 0)
+    skip();
+  /* A gateway started while the database is down gets `unavailable` from
+   * open, keeps the store, and works once the database is back. */
+  pg_ctl("stop");
+  assert_int_equal(ctx_open_url(&c, g_url), OSR_EUNAVAILABLE);
+  sync_get(&c, NULL, "bnosuchid00000000000", &r);
+  assert_int_equal(r.status, OSR_EUNAVAILABLE);
+  pg_ctl("start");
+  for (i = 0; i < 50 && !ok; i++) {
+    sync_get(&c, NULL, "bnosuchid00000000000", &r);
+    ok = r.status == OSR_ENOTFOUND;
+    if (!ok)
+      usleep(100000);
+  }
+  assert_true(ok);
+  ctx_close(&c);
+}
+
+static void test_pg_two_gateways(void **state)
+{
+  enum { N = 30 };
+  ctx_t a;
+  osr_store_t *b;
+  open2_t o;
+  osr_binding_t x[2 * N];
+  res_t r[2 * N];
+  char tenant[40];
+  int i, created = 0;
+  (void)state;
+
+  if (!g_pg)
+    skip();
+  uniq(tenant, sizeof(tenant), "t-2gw-");
+  ctx_open(&a);
+  memset(&o, 0, sizeof(o));
+  assert_int_equal(osr_store_open(&a.loop, g_url, on_open2, &o, &b), 0);
+  wait_for(&a.loop, &o.done, 1);
+  assert_int_equal(o.status[0], 0);
+  for (i = 0; i < 2 * N; i++) {
+    mk_binding(&x[i], tenant, "race-key", 1700000000000 + i);
+    memset(&r[i], 0, sizeof(r[i]));
+    assert_int_equal(osr_store_create_intent(i % 2 ? b : a.st, &x[i], on_binding, &r[i]), 0);
+  }
+  for (i = 0; i < 2 * N; i++) {
+    wait_for(&a.loop, &r[i].done, 1);
+    assert_int_equal(r[i].status, 0);
+    created += r[i].created;
+  }
+  assert_int_equal(created, 1);
+  for (i = 1; i < 2 * N; i++)
+    assert_string_equal(r[i].b.id, r[0].b.id);
+  for (i = 0; i < 2 * N; i++)
+    res_free(&r[i]);
+  osr_store_close(b, NULL, NULL);
+  ctx_close(&a);
+}
+
+/* ---- child sub-commands ----------------------------------------------------------------------- */
+
+static int child_get(const char *url, const char *id)
+{
+  ctx_t c;
+  res_t r;
+  int rv;
+  snprintf(g_url, sizeof(g_url), "%s", url);
+  if (ctx_open_url(&c, url) != 0)
+    return 2;
+  memset(&r, 0, sizeof(r));
+  if (osr_store_get(c.st, NULL, id, on_binding, &r) != 0)
+    return 2;
+  wait_for(&c.loop, &r.done, 1);
+  rv = r.status == 0 ? 0 : r.status == OSR_ENOTFOUND ? 3 : 4;
+  res_free(&r);
+  ctx_close(&c);
+  return rv;
+}
+
+static void on_crash_created(int status, const osr_binding_t *b, int created, void *data)
+{
+  (void)b;
+  (void)data;
+  if (status == 0 && created == 1)
+    raise(SIGKILL);
+  _exit(5);
+}
+
+static int child_create_crash(const char *url, const char *id)
+{
+  ctx_t c;
+  osr_binding_t b;
+  if (ctx_open_url(&c, url) != 0)
+    return 2;
+  mk_binding(&b, "t-crash", NULL, 1700000000000);
+  snprintf(b.id, sizeof(b.id), "%s", id);
+  if (osr_store_create_intent(c.st, &b, on_crash_created, NULL) != 0)
+    return 2;
+  uv_run(&c.loop, UV_RUN_DEFAULT);
+  return 6; /* not reached: the callback kills us */
+}
+
+int main(int argc, char **argv)
+{
+  const char *pg = getenv("OSR_TEST_PG_URL");
+  const char *ctl = getenv("OSR_TEST_PG_CTL");
+  char dir[] = "/tmp/osr-store-test-XXXXXX";
+  int rv;
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_concurrent_open),
+    cmocka_unit_test(test_state_names),
+    cmocka_unit_test(test_bad_urls),
+    cmocka_unit_test(test_bad_args),
+    cmocka_unit_test(test_create_get_update),
+    cmocka_unit_test(test_idempotency),
+    cmocka_unit_test(test_list),
+    cmocka_unit_test(test_touch),
+    cmocka_unit_test(test_keys),
+    cmocka_unit_test(test_audit),
+    cmocka_unit_test(test_close_with_queued_work),
+    cmocka_unit_test(test_other_process_sees_commits),
+    cmocka_unit_test(test_crash_after_commit),
+    cmocka_unit_test(test_sqlite_file_mode),
+    cmocka_unit_test(test_pg_two_gateways),
+    cmocka_unit_test(test_pg_outage),
+    cmocka_unit_test(test_pg_outage_at_open),
+  };
+
+  g_self = argv[0];
+  if (argc == 4 && strcmp(argv[1], "child-get") == 0)
+    return child_get(argv[2], argv[3]);
+  if (argc == 4 && strcmp(argv[1], "child-create-crash") == 0)
+    return child_create_crash(argv[2], argv[3]);
+
+  if (pg != NULL && *pg != '\0') {
+    g_pg = 1;
+    snprintf(g_url, sizeof(g_url), "%s", pg);
+    if (ctl != NULL && sscanf(ctl, "%d,%d", &ctl_rfd, &ctl_wfd) != 2)
+      ctl_rfd = ctl_wfd = -1;
+    rv = cmocka_run_group_tests_name("store_postgres", tests, NULL, NULL);
+  } else {
+    if (mkdtemp(dir) == NULL)
+      return 1;
+    snprintf(g_url, sizeof(g_url), "sqlite:%s/osr.db", dir);
+    rv = cmocka_run_group_tests_name("store_sqlite", tests, NULL, NULL);
+    /* Leave nothing behind: the database and its WAL/SHM files. */
+    {
+      static const char *const sfx[] = {"", "-wal", "-shm"};
+      char p[1100];
+      size_t i;
+      for (i = 0; i < OSR_ARRAY_SIZE(sfx); i++) {
+        snprintf(p, sizeof(p), "%s/osr.db%s", dir, sfx[i]);
+        unlink(p);
+      }
+      rmdir(dir);
+    }
+  }
+  return rv;
+}
