@@ -180,6 +180,30 @@ static int http_status_of(int err)
   }
 }
 
+static const char *err_message(int err)
+{
+  switch (err) {
+  case OSR_PERR_CAPACITY:
+    return "simulated: no capacity left";
+  case OSR_PERR_RATE_LIMITED:
+    return "simulated: rate limited";
+  case OSR_PERR_TIMEOUT:
+    return "simulated: timed out";
+  case OSR_PERR_UNAVAILABLE:
+    return "simulated: provider unavailable";
+  case OSR_PERR_BOOT_FAILED:
+    return "simulated: accepted, then failed to boot";
+  case OSR_PERR_AUTH:
+    return "simulated: credentials rejected";
+  case OSR_PERR_INVALID:
+    return "simulated: invalid request";
+  case OSR_PERR_NOT_FOUND:
+    return "no such resource";
+  default:
+    return osr_strerror(err);
+  }
+}
+
 static int method_is(const osr_http_req_t *req, const char *m)
 {
   size_t n = strlen(m);
@@ -272,7 +296,7 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
       j = osr__sim_resource_to_json(res, NULL, 0);
     send_json(req, 201, j);
   } else {
-    send_error(req, http_status_of(status), osr_provider_err_name(status), osr_strerror(status));
+    send_error(req, http_status_of(status), osr_provider_err_name(status), err_message(status));
   }
 }
 
@@ -372,7 +396,7 @@ static void on_destroyed(osr_provider_t *p, int status, void *data)
     osr_http_send(c->req, 204, NULL, "", 0);
   else
     send_error(c->req, http_status_of(status), osr_provider_err_name(status),
-               osr_strerror(status));
+               err_message(status));
 }
 
 static int label_match(const json_t *res, const char *want)

@@ -1,0 +1,578 @@
+/*
+ * The adapter contract test, run against the `sim` adapter (docs/adapters.md:
+ * every adapter gets one of these):
+ *   - create -> get -> list shows our label -> destroy -> get NOT_FOUND;
+ *   - every callback fires exactly once, and never inside the call;
+ *   - close with operations in flight: each fails with OSR_ECANCELED, then
+ *     the close callback runs;
+ *   - sim-specific knobs: failure_rate (and its seeded reproducibility),
+ *     boot_failure_rate (the half-created resource is destroyed), capacity,
+ *     configuration errors naming the key, connection refused in url mode.
+ *
+ * With OSR_TEST_SIM_URL=http://127.0.0.1:PORT (set by
+ * tests/integration/sim/test_sim.py, which starts a real osr-sim) the
+ * contract tests run in url mode against that server instead.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "adapters/sim.h"
+#include "util/mem.h"
+
+static uv_loop_t loop;
+static const char *sim_url;
+static int in_call;     /* set while an adapter function runs */
+static int sync_calls;  /* callbacks that ran inside the call: must stay 0 */
+
+typedef struct res_s {
+  int calls;
+  int status;
+  osr_resource_t res;
+  size_t n;
+  int found;      /* list: our sandbox id was in it */
+  osr_resource_state_t found_state;
+  const char *want; /* list: the sandbox id to look for */
+} res_t;
+
+static void note_call(res_t *r, int status)
+{
+  if (in_call)
+    sync_calls++;
+  r->calls++;
+  r->status = status;
+}
+
+static void on_create(osr_provider_t *p, int status, const osr_resource_t *res, void *data)
+{
+  res_t *r = data;
+  note_call(r, status);
+  if (status == 0) {
+    assert_non_null(res);
+    r->res = *res;
+  } else {
+    assert_null(res);
+  }
+}
+
+static void on_done(osr_provider_t *p, int status, void *data)
+{
+  note_call(data, status);
+}
+
+static void on_list(osr_provider_t *p, int status, const osr_resource_t *res, size_t n, void *data)
+{
+  res_t *r = data;
+  note_call(r, status);
+  r->n = n;
+  r->found = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (r->want != NULL && strcmp(res[i].sandbox_id, r->want) == 0) {
+      r->found++;
+      r->found_state = res[i].state;
+    }
+  }
+}
+
+static void on_tick(uv_timer_t *t)
+{
+  (void)t;
+}
+
+/* Run the loop until *flag becomes non-zero or `ms` pass (bounded). */
+static void run_until(const int *flag, uint64_t ms)
+{
+  uv_timer_t guard;
+  uv_timer_init(&loop, &guard);
+  uv_timer_start(&guard, on_tick, 5, 5);
+  uint64_t end = uv_now(&loop) + ms;
+  while (!*flag && uv_now(&loop) < end)
+    uv_run(&loop, UV_RUN_ONCE);
+  uv_close((uv_handle_t *)&guard, NULL);
+  uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+static osr_provider_t *sim_new_mode(const char *json, int url_mode)
+{
+  json_error_t e;
+  json_t *cfg = json_loads(json, 0, &e);
+  assert_non_null(cfg);
+  if (url_mode && sim_url != NULL)
+    json_object_set_new(cfg, "url", json_string(sim_url));
+  osr_provider_t *p = osr_xcalloc(1, sizeof(*p));
+  p->adapter = osr_adapter_find("sim");
+  assert_ptr_equal(p->adapter, &osr_adapter_sim);
+  p->loop = &loop;
+  snprintf(p->name, sizeof(p->name), "sim-test");
+  char err[256] = "";
+  int rv = p->adapter->init(p, cfg, err, sizeof(err));
+  if (rv != 0)
+    fail_msg("init: %s", err);
+  json_decref(cfg);
+  p->adapter->describe(p, &p->info);
+  return p;
+}
+
+static osr_provider_t *sim_new(const char *json)
+{
+  return sim_new_mode(json, 1);
+}
+
+static int closed;
+static void on_closed(osr_provider_t *p)
+{
+  if (in_call)
+    sync_calls++;
+  closed++;
+  assert_null(p->impl);
+}
+
+static void sim_free(osr_provider_t *p)
+{
+  closed = 0;
+  in_call = 1;
+  p->adapter->close(p, on_closed);
+  in_call = 0;
+  run_until(&closed, 5000);
+  assert_int_equal(closed, 1);
+  osr_free(p);
+}
+
+static void spec_init(osr_sandbox_spec_t *s, const char *id)
+{
+  memset(s, 0, sizeof(*s));
+  s->sandbox_id = id;
+  s->tenant = "tenant-a";
+  s->template_id = "base";
+  s->isolation = OSR_ISO_CONTAINER;
+  s->caps.isolation = OSR_ISO_CONTAINER;
+  s->region = "";
+  s->timeout_s = 60;
+}
+
+static int do_create(osr_provider_t *p, const char *id, res_t *r)
+{
+  osr_sandbox_spec_t spec;
+  spec_init(&spec, id);
+  memset(r, 0, sizeof(*r));
+  in_call = 1;
+  int rv = p->adapter->create(p, &spec, on_create, r);
+  in_call = 0;
+  return rv;
+}
+
+static void create_sync(osr_provider_t *p, const char *id, res_t *r)
+{
+  assert_int_equal(do_create(p, id, r), 0);
+  assert_int_equal(r->calls, 0);
+  run_until(&r->calls, 10000);
+  assert_int_equal(r->calls, 1);
+}
+
+static void get_sync(osr_provider_t *p, const char *pid, res_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  in_call = 1;
+  assert_int_equal(p->adapter->get(p, pid, on_create, r), 0);
+  in_call = 0;
+  run_until(&r->calls, 10000);
+  assert_int_equal(r->calls, 1);
+}
+
+static void destroy_sync(osr_provider_t *p, const char *pid, res_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  in_call = 1;
+  assert_int_equal(p->adapter->destroy(p, pid, on_done, r), 0);
+  in_call = 0;
+  run_until(&r->calls, 10000);
+  assert_int_equal(r->calls, 1);
+}
+
+static void list_sync(osr_provider_t *p, const char *want, res_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  r->want = want;
+  in_call = 1;
+  assert_int_equal(p->adapter->list(p, on_list, r), 0);
+  in_call = 0;
+  run_until(&r->calls, 10000);
+  assert_int_equal(r->calls, 1);
+}
+
+/* Sandbox ids unique per process, so url-mode runs sharing one osr-sim do
+ * not see each other's resources. */
+static const char *uid(const char *base)
+{
+  static char buf[8][64];
+  static int k;
+  char *b = buf[k++ % 8];
+  snprintf(b, 64, "%s-%ld", base, (long)getpid());
+  return b;
+}
+
+/* ---- the contract ---------------------------------------------------------- */
+
+static void test_contract_lifecycle(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new("{\"latency_ms\": 5}");
+  res_t c, g, l, d;
+  const char *id = uid("sbx-life");
+
+  create_sync(p, id, &c);
+  assert_int_equal(c.status, 0);
+  assert_string_equal(c.res.sandbox_id, id);
+  assert_true(c.res.provider_id[0] != '\0');
+  assert_int_equal(strncmp(c.res.agent_endpoint, "sim://", 6), 0);
+  assert_int_equal(c.res.state, OSR_RES_RUNNING);
+  assert_int_equal(c.res.isolation, OSR_ISO_CONTAINER);
+  assert_int_equal(c.res.granted.isolation, OSR_ISO_CONTAINER);
+  assert_true(c.res.granted.vcpus >= 1 && c.res.granted.min_memory_mib >= 1);
+
+  get_sync(p, c.res.provider_id, &g);
+  assert_int_equal(g.status, 0);
+  assert_string_equal(g.res.provider_id, c.res.provider_id);
+  assert_string_equal(g.res.sandbox_id, id);
+
+  list_sync(p, id, &l);
+  assert_int_equal(l.status, 0);
+  assert_int_equal(l.found, 1); /* carries our label */
+  assert_int_equal(l.found_state, OSR_RES_RUNNING);
+
+  destroy_sync(p, c.res.provider_id, &d);
+  assert_int_equal(d.status, 0);
+  get_sync(p, c.res.provider_id, &g);
+  assert_int_equal(g.status, OSR_PERR_NOT_FOUND);
+  destroy_sync(p, c.res.provider_id, &d);
+  assert_int_equal(d.status, OSR_PERR_NOT_FOUND);
+  list_sync(p, id, &l);
+  assert_int_equal(l.found, 0);
+  /* An id that cannot exist is simply not found. */
+  get_sync(p, "no/such id", &g);
+  assert_int_equal(g.status, OSR_PERR_NOT_FOUND);
+
+  sim_free(p);
+  assert_int_equal(sync_calls, 0);
+}
+
+static void test_contract_bad_args(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new("{}");
+  res_t r;
+  memset(&r, 0, sizeof(r));
+  osr_sandbox_spec_t spec;
+  spec_init(&spec, NULL);
+  assert_int_equal(p->adapter->create(p, &spec, on_create, &r), OSR_EINVAL);
+  assert_int_equal(p->adapter->create(p, NULL, on_create, &r), OSR_EINVAL);
+  assert_int_equal(p->adapter->get(p, NULL, on_create, &r), OSR_EINVAL);
+  assert_int_equal(p->adapter->list(p, NULL, &r), OSR_EINVAL);
+  uv_run(&loop, UV_RUN_NOWAIT);
+  assert_int_equal(r.calls, 0); /* an error return means no callback */
+  sim_free(p);
+}
+
+static void test_contract_close_inflight(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new("{\"latency_ms\": 300}");
+  res_t r[5], l;
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(do_create(p, uid("sbx-cancel"), &r[i]), 0);
+  memset(&l, 0, sizeof(l));
+  assert_int_equal(p->adapter->list(p, on_list, &l), 0);
+  closed = 0;
+  in_call = 1;
+  p->adapter->close(p, on_closed);
+  /* Closing: new work is refused at once. */
+  res_t late;
+  memset(&late, 0, sizeof(late));
+  assert_int_equal(p->adapter->list(p, on_list, &late), OSR_ECLOSED);
+  in_call = 0;
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(r[i].calls, 0);
+  run_until(&closed, 5000);
+  assert_int_equal(closed, 1);
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(r[i].calls, 1);
+    assert_int_equal(r[i].status, OSR_ECANCELED);
+  }
+  assert_int_equal(l.calls, 1);
+  assert_int_equal(l.status, OSR_ECANCELED);
+  assert_int_equal(late.calls, 0);
+  osr_free(p);
+  assert_int_equal(sync_calls, 0);
+}
+
+static void test_contract_concurrent(void **state)
+{
+  (void)state;
+  /* Many creates at once, each answered exactly once. */
+  osr_provider_t *p = sim_new("{\"latency_ms\": 5}");
+  enum { N = 64 };
+  static res_t r[N];
+  int all = 0;
+  for (int i = 0; i < N; i++)
+    assert_int_equal(do_create(p, uid("sbx-many"), &r[i]), 0);
+  uint64_t end = uv_now(&loop) + 10000;
+  while (!all && uv_now(&loop) < end) {
+    run_until(&r[N - 1].calls, 100);
+    all = 1;
+    for (int i = 0; i < N; i++)
+      all &= r[i].calls == 1;
+  }
+  assert_true(all);
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(r[i].status, 0);
+    res_t d;
+    destroy_sync(p, r[i].res.provider_id, &d);
+    assert_int_equal(d.status, 0);
+  }
+  sim_free(p);
+  assert_int_equal(sync_calls, 0);
+}
+
+/* ---- sim knobs (in-process) --------------------------------------------------- */
+
+static void test_failure_rate_all(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new_mode("{\"latency_ms\":0,\"failure_rate\":1,\"error\":\"rate_limited\"}", 0);
+  for (int i = 0; i < 10; i++) {
+    res_t c;
+    create_sync(p, "sbx-f", &c);
+    assert_int_equal(c.status, OSR_PERR_RATE_LIMITED);
+  }
+  res_t l;
+  list_sync(p, "sbx-f", &l);
+  assert_int_equal(l.n, 0); /* nothing was created */
+  sim_free(p);
+}
+
+static void run_fraction(const char *cfg, int n, int *fails, unsigned char *pattern)
+{
+  osr_provider_t *p = sim_new_mode(cfg, 0);
+  *fails = 0;
+  for (int i = 0; i < n; i++) {
+    res_t c;
+    create_sync(p, "sbx-r", &c);
+    pattern[i] = c.status != 0;
+    if (c.status != 0) {
+      assert_int_equal(c.status, OSR_PERR_UNAVAILABLE); /* the default error */
+      (*fails)++;
+    } else {
+      res_t d;
+      destroy_sync(p, c.res.provider_id, &d);
+    }
+  }
+  sim_free(p);
+}
+
+static void test_failure_rate_seeded(void **state)
+{
+  (void)state;
+  enum { N = 400 };
+  static unsigned char p1[N], p2[N], p3[N];
+  int f1, f2, f3;
+  run_fraction("{\"latency_ms\":0,\"failure_rate\":0.5,\"seed\":42}", N, &f1, p1);
+  run_fraction("{\"latency_ms\":0,\"failure_rate\":0.5,\"seed\":42}", N, &f2, p2);
+  run_fraction("{\"latency_ms\":0,\"failure_rate\":0.5,\"seed\":7}", N, &f3, p3);
+  /* Binomial(400, 0.5): sd 10, so 160..240 is 4 sd (and the seed makes it
+   * reproducible, so this cannot flake). */
+  assert_true(f1 >= 160 && f1 <= 240);
+  assert_true(f3 >= 160 && f3 <= 240);
+  assert_int_equal(f1, f2);
+  assert_memory_equal(p1, p2, N);          /* same seed, same outcomes */
+  assert_true(memcmp(p1, p3, N) != 0);     /* another seed, others */
+}
+
+static void test_boot_failure(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new_mode("{\"latency_ms\":100,\"boot_failure_rate\":1}", 0);
+  res_t c, l;
+  assert_int_equal(do_create(p, "sbx-boot", &c), 0);
+  /* Accepted: the labelled resource exists while it "boots". */
+  list_sync(p, "sbx-boot", &l);
+  assert_int_equal(c.calls, 0);
+  assert_int_equal(l.found, 1);
+  assert_int_equal(l.found_state, OSR_RES_STARTING);
+  run_until(&c.calls, 5000);
+  assert_int_equal(c.calls, 1);
+  assert_int_equal(c.status, OSR_PERR_BOOT_FAILED);
+  /* ... and is destroyed when the boot fails. */
+  list_sync(p, "sbx-boot", &l);
+  assert_int_equal(l.n, 0);
+  sim_free(p);
+}
+
+static void test_capacity(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new_mode("{\"latency_ms\":1,\"capacity\":2}", 0);
+  res_t a, b, c, d;
+  create_sync(p, "sbx-1", &a);
+  create_sync(p, "sbx-2", &b);
+  create_sync(p, "sbx-3", &c);
+  assert_int_equal(a.status, 0);
+  assert_int_equal(b.status, 0);
+  assert_int_equal(c.status, OSR_PERR_CAPACITY);
+  destroy_sync(p, a.res.provider_id, &d);
+  create_sync(p, "sbx-3", &c);
+  assert_int_equal(c.status, 0);
+  sim_free(p);
+}
+
+static void test_honest_manifest(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new_mode(
+    "{\"isolation\":[\"gvisor\",\"firecracker\"],\"regions\":[\"eu\",\"us\"],"
+    "\"gpus\":{\"max\":2,\"types\":{\"H100\":0.001}},\"snapshot\":true,"
+    "\"prices\":{\"vcpu_per_s\":0.5,\"gib_per_s\":0.25,\"per_create\":0.125},"
+    "\"latency_ms\":3,\"expected_create_ms\":70}", 0);
+  const osr_provider_info_t *i = &p->info;
+  assert_int_equal(i->isolation_mask, (1u << OSR_ISO_GVISOR) | (1u << OSR_ISO_FIRECRACKER));
+  assert_string_equal(i->regions[0], "eu");
+  assert_string_equal(i->regions[1], "us");
+  assert_null(i->regions[2]);
+  assert_int_equal(i->gpu_max, 2);
+  assert_string_equal(i->gpu_types[0], "H100");
+  assert_true(i->gpu_price_per_s[0] == 0.001);
+  assert_true(i->snapshot);
+  assert_true(i->price_vcpu_per_s == 0.5 && i->price_gib_per_s == 0.25);
+  assert_true(i->price_per_create == 0.125 && i->expected_create_ms == 70);
+  /* Asked for what it does not offer, it refuses (never a silent downgrade). */
+  osr_sandbox_spec_t spec;
+  res_t r;
+  spec_init(&spec, "sbx-x");
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(p->adapter->create(p, &spec, on_create, &r), 0); /* container */
+  run_until(&r.calls, 5000);
+  assert_int_equal(r.status, OSR_PERR_INVALID);
+  spec.isolation = OSR_ISO_GVISOR;
+  spec.region = "eu";
+  spec.caps.gpu_count = 2;
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(p->adapter->create(p, &spec, on_create, &r), 0);
+  run_until(&r.calls, 5000);
+  assert_int_equal(r.status, 0);
+  assert_string_equal(r.res.region, "eu");
+  assert_int_equal(r.res.granted.gpu_count, 2);
+  assert_int_equal(r.res.isolation, OSR_ISO_GVISOR);
+  sim_free(p);
+}
+
+static void expect_config_error(const char *json, const char *needle)
+{
+  json_error_t e;
+  json_t *cfg = json_loads(json, 0, &e);
+  assert_non_null(cfg);
+  osr_provider_t p;
+  memset(&p, 0, sizeof(p));
+  p.adapter = &osr_adapter_sim;
+  p.loop = &loop;
+  char err[256] = "";
+  assert_int_equal(osr_adapter_sim.init(&p, cfg, err, sizeof(err)), OSR_EINVAL);
+  if (strstr(err, needle) == NULL)
+    fail_msg("'%s': error '%s' lacks '%s'", json, err, needle);
+  assert_null(p.impl);
+  json_decref(cfg);
+}
+
+static void test_config_errors(void **state)
+{
+  (void)state;
+  expect_config_error("{\"bogus\":1}", "key 'bogus': unknown key");
+  expect_config_error("{\"failure_rate\":1.5}", "key 'failure_rate': must be a number from 0 to 1");
+  expect_config_error("{\"boot_failure_rate\":\"x\"}", "key 'boot_failure_rate'");
+  expect_config_error("{\"latency_ms\":-1}", "key 'latency_ms'");
+  expect_config_error("{\"capacity\":1.5}", "key 'capacity'");
+  expect_config_error("{\"error\":\"nope\"}", "key 'error': must be one of");
+  expect_config_error("{\"isolation\":[\"kvm\"]}", "key 'isolation'");
+  expect_config_error("{\"isolation\":[]}", "key 'isolation'");
+  expect_config_error("{\"url\":\"https://x:1\"}", "key 'url'");
+  expect_config_error("{\"url\":\"http://nohostport\"}", "key 'url'");
+  expect_config_error("{\"gpus\":{\"types\":{}}}", "key 'gpus'");
+  expect_config_error("{\"prices\":{\"vcpu\":1}}", "key 'prices'");
+  expect_config_error("{\"seed\":\"x\"}", "key 'seed'");
+  /* The adapter table. */
+  assert_null(osr_adapter_find("nope"));
+  const char *names[4];
+  assert_true(osr_adapter_types(names, 4) >= 1);
+  assert_string_equal(names[0], "sim");
+  assert_string_equal(osr_provider_err_name(OSR_PERR_BOOT_FAILED), "boot_failed");
+  assert_true(osr_provider_err_retryable(OSR_PERR_CAPACITY));
+  assert_true(osr_provider_err_retryable(OSR_PERR_BOOT_FAILED));
+  assert_false(osr_provider_err_retryable(OSR_PERR_AUTH));
+  assert_false(osr_provider_err_retryable(OSR_PERR_INVALID));
+  assert_int_equal(osr_isolation_parse("gvisor"), OSR_ISO_GVISOR);
+  assert_int_equal(osr_isolation_parse("vm"), OSR_ISO_NONE);
+  assert_null(osr_isolation_name(OSR_ISO_NONE));
+  assert_string_equal(osr_isolation_name(OSR_ISO_FIRECRACKER), "firecracker");
+}
+
+static void test_url_refused(void **state)
+{
+  (void)state;
+  /* A port nobody listens on: bind one, note it, close it. */
+  uv_tcp_t t;
+  struct sockaddr_in sa;
+  int len = sizeof(sa);
+  uv_tcp_init(&loop, &t);
+  uv_ip4_addr("127.0.0.1", 0, &sa);
+  assert_int_equal(uv_tcp_bind(&t, (const struct sockaddr *)&sa, 0), 0);
+  assert_int_equal(uv_tcp_getsockname(&t, (struct sockaddr *)&sa, &len), 0);
+  char cfg[128];
+  snprintf(cfg, sizeof(cfg), "{\"url\":\"http://127.0.0.1:%d\"}", ntohs(sa.sin_port));
+  uv_close((uv_handle_t *)&t, NULL);
+  uv_run(&loop, UV_RUN_NOWAIT);
+
+  osr_provider_t *p = sim_new_mode(cfg, 0);
+  res_t c, l, g;
+  create_sync(p, "sbx-refused", &c);
+  assert_int_equal(c.status, OSR_PERR_UNAVAILABLE);
+  list_sync(p, NULL, &l);
+  assert_int_equal(l.status, OSR_PERR_UNAVAILABLE);
+  get_sync(p, "sim-1", &g);
+  assert_int_equal(g.status, OSR_PERR_UNAVAILABLE);
+  sim_free(p);
+  assert_int_equal(sync_calls, 0);
+}
+
+int main(void)
+{
+  uv_loop_init(&loop);
+  sim_url = getenv("OSR_TEST_SIM_URL");
+  if (sim_url != NULL && sim_url[0] == '\0')
+    sim_url = NULL;
+  const struct CMUnitTest contract[] = {
+    cmocka_unit_test(test_contract_lifecycle),
+    cmocka_unit_test(test_contract_bad_args),
+    cmocka_unit_test(test_contract_close_inflight),
+    cmocka_unit_test(test_contract_concurrent),
+  };
+  const struct CMUnitTest local[] = {
+    cmocka_unit_test(test_failure_rate_all),
+    cmocka_unit_test(test_failure_rate_seeded),
+    cmocka_unit_test(test_boot_failure),
+    cmocka_unit_test(test_capacity),
+    cmocka_unit_test(test_honest_manifest),
+    cmocka_unit_test(test_config_errors),
+    cmocka_unit_test(test_url_refused),
+  };
+  int rc = cmocka_run_group_tests_name(sim_url != NULL ? "contract (url mode)" : "contract",
+                                       contract, NULL, NULL);
+  if (sim_url == NULL)
+    rc |= cmocka_run_group_tests_name("sim", local, NULL, NULL);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&loop), 0);
+  return rc;
+}
