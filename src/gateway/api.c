@@ -277,13 +277,30 @@ void osr_gw_error_from(osr_gw_call_t *call, int err, const char *what)
     osr_gw_error(call, 403, "forbidden", msg, NULL);
     return;
   default:
-    snprintf(msg, sizeof(msg), "%s: %s", w, osr_strerror(err));
+    snprintf(msg, sizeof(msg), "%s: %s", w, osr__gw_strerror(err));
     osr_gw_error(call, 500, "internal", msg, NULL);
     return;
   }
 }
 
 /* ---- helpers -------------------------------------------------------------- */
+
+const char *osr__gw_strerror(int err)
+{
+  switch (err) {
+  case OSR_EUNAVAILABLE:
+    return "store unavailable";
+  case OSR_ECONFLICT:
+    return "conflict";
+  case OSR_ENOTFOUND:
+    return "not found";
+  default:
+    break;
+  }
+  if (err <= OSR_PERR_CAPACITY && err >= OSR_PERR_UNSUPPORTED)
+    return osr_provider_err_name(err);
+  return osr_strerror(err);
+}
 
 void osr_gw_rfc3339(int64_t ms, char out[32])
 {
@@ -607,7 +624,7 @@ static void on_ready_probe(int status, const osr_api_key_t *k, void *data)
     osr_gw_reply(call, 200, j);
   } else {
     json_t *j = health_json(call->gw, "unavailable");
-    json_object_set_new(j, "store", json_string(osr_strerror(status)));
+    json_object_set_new(j, "store", json_string(osr__gw_strerror(status)));
     osr_gw_reply(call, 503, j);
   }
   osr_gw_call_release(call);

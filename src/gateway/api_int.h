@@ -55,6 +55,11 @@ int osr__gw_hash_eq(const char *a, const char *b);
 /** 1 if `s` is a valid tenant name: 1..63 chars of [A-Za-z0-9._-]. */
 int osr__gw_tenant_valid(const char *s);
 
+/** osr_strerror() that also knows the store's and providers' codes.
+ *  (osr_strerror hands unknown codes to uv_strerror, which allocates a
+ *  string it never frees for each unknown code.) Static storage. */
+const char *osr__gw_strerror(int err);
+
 /** Answer with a typed error plus one extra response header (Allow,
  *  WWW-Authenticate); hname NULL = none. */
 void osr__gw_error_hdr(osr_gw_call_t *call, int status, const char *code, const char *message,

@@ -32,7 +32,7 @@ static void on_appended(int status, void *data)
   pending_t *p = data;
   if (status != 0) {
     OSR_LOG_WARN("audit", "append %s %s: %s", p->ev.action, p->ev.sandbox_id,
-                 osr_strerror(status));
+                 osr__gw_strerror(status));
     osr_metrics_audit_failure(p->gw->metrics);
   }
   pending_free(p);

@@ -287,7 +287,7 @@ osr__auth_result_t osr__gw_authenticate(osr_gw_call_t *call,
   if (rv != 0) {
     osr_gw_call_release(call);
     osr_free(l);
-    OSR_LOG_WARN("auth", "key lookup: %s", osr_strerror(rv));
+    OSR_LOG_WARN("auth", "key lookup: %s", osr__gw_strerror(rv));
     return OSR__AUTH_UNAVAILABLE;
   }
   return OSR__AUTH_PENDING;

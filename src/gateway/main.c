@@ -1,11 +1,7 @@
-/* osr-gateway: the OSR control plane process. */
+/* osr-gateway: the OSR control plane process (gateway mode). */
 #include "gateway/gateway.h"
 
 int main(int argc, char **argv)
 {
-  osr_gateway_config_t cfg;
-  int rv = osr_gateway_parse_args(argc - 1, argv + 1, &cfg, "osr-gateway");
-  if (rv != 0)
-    return rv > 0 ? 0 : 2;
-  return osr_gateway_run(&cfg);
+  return osr_gateway_main(argc - 1, argv + 1, "osr-gateway");
 }

@@ -1,5 +1,6 @@
 """osr serve / osr-gateway: flags, health endpoints over HTTP/1.1, HTTP/2 and
-TLS (driven by curl), unix sockets, graceful drain."""
+TLS (driven by curl), unix sockets, graceful drain. Every run gets its own
+data directory (SQLite store, admin.key) so nothing lands in $HOME."""
 import json
 import os
 import re
@@ -15,9 +16,20 @@ GATEWAY = os.environ.get("OSR_GATEWAY", "")
 CLI = os.environ.get("OSR_CLI", "")
 
 
+DATA_DIRS = []
+
+
+def data_env():
+    d = tempfile.mkdtemp(prefix="osr-gw-")
+    DATA_DIRS.append(d)
+    for k in ("OSR_LISTEN", "OSR_STORE", "OSR_REDIS", "OSR_PROVIDERS", "OSR_CONFIG", "OSR_ADMIN_KEY"):
+        os.environ.pop(k, None)
+    return {"OSR_DATA_DIR": d}
+
+
 def start(*args, exe=None):
     argv = [exe or CLI] + (["serve"] if exe is None else []) + list(args)
-    p = osrtest.Proc(argv)
+    p = osrtest.Proc(argv, env=data_env())
     return p
 
 
@@ -42,23 +54,46 @@ def curl(*args):
 
 class Flags(unittest.TestCase):
     def test_help_and_version(self):
-        cp = osrtest.sh([CLI, "serve", "--help"])
-        for flag in ("--listen", "--tls-cert", "--tls-key", "--drain-ms", "--log-level", "--log-json"):
-            self.assertIn(flag, cp.stdout.decode())
+        for argv in ([CLI, "serve", "--help"], [GATEWAY, "--help"]):
+            cp = osrtest.sh(argv)
+            out = cp.stdout.decode()
+            for flag in ("--listen", "--tls-cert", "--tls-key", "--drain-ms", "--log-level", "--log-json",
+                         "--store", "--data-dir"):
+                self.assertIn(flag, out)
+            self.assertIn("127.0.0.1:7070", out)
         self.assertIn("osr 0.", osrtest.sh([CLI, "version"]).stdout.decode())
 
+    def test_default_listen_is_7070(self):
+        import socket
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 7070))
+        except OSError:
+            self.skipTest("127.0.0.1:7070 is in use on this machine")
+        finally:
+            s.close()
+        p = start()
+        try:
+            self.assertEqual(port_of(p), 7070)
+            self.assertIn("listening on 127.0.0.1:7070 (port 7070, http)", p.stderr_text())
+            code, _, body = curl("http://127.0.0.1:7070/healthz")
+            self.assertEqual(code, 200)
+        finally:
+            self.assertEqual(p.stop(), 0)
+
     def test_bad_flags_exit_2_with_message(self):
-        for args, msg in ((["--bogus"], "unknown option --bogus"), (["--listen"], "--listen needs a value"),
-                          (["--tls-cert", "x"], "go together"), (["--log-level", "loud"], "unknown log level"),
+        for args, msg in ((["--bogus"], "--bogus: unknown option"), (["--listen"], "--listen: needs a value"),
+                          (["--tls-cert", "x"], "go together"), (["--log-level", "loud"], "'loud' is not one of"),
                           (["--drain-ms", "soon"], "--drain-ms")):
-            cp = osrtest.sh([CLI, "serve"] + args, check=False)
+            cp = osrtest.sh([CLI, "serve"] + args, check=False, env=data_env())
             self.assertEqual(cp.returncode, 2, args)
             self.assertIn(msg, cp.stderr.decode(), args)
         cp = osrtest.sh([CLI, "frobnicate"], check=False)
         self.assertEqual(cp.returncode, 2)
 
     def test_bad_listen_address_fails_cleanly(self):
-        cp = osrtest.sh([CLI, "serve", "--listen", "not-an-address"], check=False, timeout=10)
+        cp = osrtest.sh([CLI, "serve", "--listen", "not-an-address"], check=False, timeout=10, env=data_env())
         self.assertEqual(cp.returncode, 1)
         self.assertIn("listen not-an-address", cp.stderr.decode())
 
@@ -122,7 +157,7 @@ class Health(unittest.TestCase):
 
     def test_missing_cert_fails_at_start(self):
         cp = osrtest.sh([CLI, "serve", "--listen", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem",
-                         "--tls-key", "/nonexistent.key"], check=False, timeout=10)
+                         "--tls-key", "/nonexistent.key"], check=False, timeout=10, env=data_env())
         self.assertEqual(cp.returncode, 1)
         self.assertIn("TLS certificate/key", cp.stderr.decode())
 
@@ -145,5 +180,13 @@ class Drain(unittest.TestCase):
         s.close()
 
 
+def cleanup():
+    import shutil
+    for d in DATA_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 if __name__ == "__main__":
+    import atexit
+    atexit.register(cleanup)
     osrtest.run()
