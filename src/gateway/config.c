@@ -1120,6 +1120,8 @@ static int providers_from_string(ld_t *ld, const src_t *src, const char *s)
   ld->prov = arr;
   ld->prov_src = *src;
   ld->prov_src.lines = NULL;
+  /* `src->name` may be a flag name in a caller's stack buffer. */
+  ld->prov_src.name = own_str(ld, "_prov_src", src->name);
   return 0;
 }
 
@@ -1181,6 +1183,7 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
   }
   if ((v = json_object_get(doc, "tls")) != NULL) {
     static const char *const keys[] = {"cert", "key", NULL};
+    own_str(ld, "_tls_src", src->name);
     if (want_obj(ld, src, "tls", v) != 0 || check_keys(ld, src, "tls", v, keys) != 0)
       return OSR_EINVAL;
     if ((x = json_object_get(v, "cert")) != NULL) {
@@ -1419,8 +1422,10 @@ static int apply_setting(ld_t *ld, const char *key, const char *what, const char
     return providers_from_string(ld, &src, v);
   } else if (strcmp(key, "tls-cert") == 0) {
     cfg->tls_cert = own_str(ld, "tls_cert", v);
+    own_str(ld, "_tls_src", what);
   } else if (strcmp(key, "tls-key") == 0) {
     cfg->tls_key = own_str(ld, "tls_key", v);
+    own_str(ld, "_tls_src", what);
   } else if (strcmp(key, "drain-ms") == 0) {
     char *end;
     errno = 0;
@@ -1639,7 +1644,8 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
     cfg->dataplane_url = own_str(&ld, "dataplane_url", url);
   }
   if ((cfg->tls_cert == NULL) != (cfg->tls_key == NULL)) {
-    rv = ld_fail(&ld, NULL, "tls", "a certificate and a key go together (tls.cert + tls.key, "
+    src_t tsrc = {json_string_value(json_object_get(ld.own, "_tls_src")), NULL, NULL};
+    rv = ld_fail(&ld, tsrc.name != NULL ? &tsrc : NULL, "tls", "a certificate and a key go together (tls.cert + tls.key, "
                                    "--tls-cert + --tls-key)");
     goto out;
   }
@@ -1661,6 +1667,8 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
   json_object_del(ld.own, "_lines");
   json_object_del(ld.own, "_prices_raw");
   json_object_del(ld.own, "_prov_raw");
+  json_object_del(ld.own, "_prov_src");
+  json_object_del(ld.own, "_tls_src");
   return 0;
 out:
   osr_gw_config_dispose(cfg);
