@@ -458,7 +458,7 @@ static void cache_done(int status, void *data)
 {
   (void)data;
   if (status != 0 && status != OSR_EUNAVAILABLE)
-    OSR_LOG_DEBUG(MOD, "redis: %s", osr_strerror(status));
+    OSR_LOG_DEBUG(MOD, "redis: %s", osr__err_text(status));
 }
 
 void osr__cache_put(osr_gw_t *gw, const osr_binding_t *b)

@@ -96,6 +96,40 @@ static create_t *find_inflight(osr_gw_t *gw, const char *id)
   return NULL;
 }
 
+const char *osr__err_text(int err)
+{
+  switch (err) {
+  case OSR_EUNAVAILABLE:
+    return "the store is unavailable";
+  case OSR_ECONFLICT:
+    return "conflict";
+  case OSR_ENOTFOUND:
+    return "not found";
+  case OSR_PERR_CAPACITY:
+    return "the provider has no capacity";
+  case OSR_PERR_RATE_LIMITED:
+    return "the provider rate-limited the request";
+  case OSR_PERR_TIMEOUT:
+    return "the provider did not answer in time";
+  case OSR_PERR_UNAVAILABLE:
+    return "the provider is unavailable";
+  case OSR_PERR_BOOT_FAILED:
+    return "the sandbox was accepted but never became ready";
+  case OSR_PERR_AUTH:
+    return "the provider rejected our credentials";
+  case OSR_PERR_INVALID:
+    return "the provider rejected the request as invalid";
+  case OSR_PERR_NOT_FOUND:
+    return "no such resource at the provider";
+  case OSR_PERR_UNSUPPORTED:
+    return "the provider does not support this operation";
+  default:
+    /* OSR's own codes end at OSR_ESHUTDOWN; anything below is another
+     * module's and unknown to osr_strerror. */
+    return err < OSR_ESHUTDOWN ? "error" : osr_strerror(err);
+  }
+}
+
 void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant)
 {
   memset(a, 0, sizeof(*a));
@@ -265,7 +299,7 @@ static void failed_stored(int status, void *data)
 {
   create_t *c = data;
   if (status != 0)
-    OSR_LOG_WARN(MOD, "%s: recording the failure: %s", c->b.id, osr_strerror(status));
+    OSR_LOG_WARN(MOD, "%s: recording the failure: %s", c->b.id, osr__err_text(status));
   create_finish(c);
 }
 
@@ -379,7 +413,7 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
     if (status == 0)
       status = OSR_PERR_UNAVAILABLE;
     record_outcome(c, a, status, lat);
-    add_attempt(c, p->name, osr_provider_err_name(status), osr_strerror(status), lat);
+    add_attempt(c, p->name, osr_provider_err_name(status), osr__err_text(status), lat);
     osr_free(a);
     if (osr_provider_err_retryable(status))
       next_attempt(c);
@@ -779,7 +813,7 @@ static void rec_end(recover_t *r, int status)
                       "destroyed",
                  r->n, r->adopted_n, r->failed_n, r->orphans_n);
   else
-    OSR_LOG_ERROR(MOD, "recovery failed: %s", osr_strerror(status));
+    OSR_LOG_ERROR(MOD, "recovery failed: %s", osr__err_text(status));
   for (size_t i = 0; i < r->n; i++)
     osr_binding_dispose(&r->rows[i]);
   osr_free(r->rows);
@@ -871,7 +905,7 @@ static void rec_adopt_stored(int status, void *data)
   if (status != 0) {
     /* The store went away mid-recovery: leave the row creating (a later
      * recovery resolves it) and the resource in place (it is labelled). */
-    OSR_LOG_WARN(MOD, "recovery: adopting %s: %s", res->sandbox_id, osr_strerror(status));
+    OSR_LOG_WARN(MOD, "recovery: adopting %s: %s", res->sandbox_id, osr__err_text(status));
   } else if (row != NULL) {
     r->adopted[row - r->rows] = 1;
     r->adopted_n++;
@@ -1012,7 +1046,7 @@ static void rec_failed_stored(int status, void *data)
     osr_gw_audit(r->gw, &r->who, "recover.fail", row->id, "ok",
                  json_pack("{s:s,s:s}", "provider", row->provider, "reason", "interrupted"));
   } else {
-    OSR_LOG_WARN(MOD, "recovery: failing %s: %s", row->id, osr_strerror(status));
+    OSR_LOG_WARN(MOD, "recovery: failing %s: %s", row->id, osr__err_text(status));
   }
   r->fi++;
   rec_final(r);

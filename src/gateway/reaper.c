@@ -231,7 +231,7 @@ static void expire_stored(int status, void *data)
     audit(r, r->cur.tenant, action, r->cur.id, "ok",
           json_pack("{s:s,s:s}", "provider", r->cur.provider, "providerId", r->cur.provider_id));
   } else {
-    OSR_LOG_WARN(MOD, "ending %s: %s", r->cur.id, osr_strerror(status));
+    OSR_LOG_WARN(MOD, "ending %s: %s", r->cur.id, osr__err_text(status));
   }
   expire_next(r);
 }
@@ -482,7 +482,7 @@ static void pass_start(osr_reaper_t *r);
 static void pass_end(osr_reaper_t *r, int status)
 {
   if (status != 0)
-    OSR_LOG_WARN(MOD, "pass failed: %s", osr_strerror(status));
+    OSR_LOG_WARN(MOD, "pass failed: %s", osr__err_text(status));
   osr_freep(&r->live);
   r->nlive = r->cap = 0;
   osr_freep(&r->res);

@@ -83,6 +83,11 @@ int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const o
  *  Failures are logged. */
 void osr__destroy_bg(osr_gw_t *gw, osr_provider_t *p, const char *provider_id);
 
+/** Human text for any error the create/reaper paths meet: store codes,
+ *  provider codes (OSR_PERR_*) and OSR_Exxx and libuv codes. Static storage.
+ *  (osr_strerror alone hands unknown codes to uv_strerror, which allocates.) */
+const char *osr__err_text(int err);
+
 /** An audit identity for the system's own actions ("reaper", "system"). */
 void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant);
 

@@ -92,19 +92,26 @@ class Gateway:
     def kill9(self):
         os.killpg(self.proc.p.pid, signal.SIGKILL)
         self.proc.p.wait(10)
+        self.proc = None
 
     def stop(self):
-        if self.proc is not None and self.proc.alive():
-            rc = self.proc.stop()
-            self.proc = None
-            return rc
+        """SIGTERM (drain); returns the exit code (None if not started)."""
+        if self.proc is None:
+            return None
+        rc = self.proc.stop()
         self.proc = None
-        return None
+        return rc
 
     def close(self):
-        self.stop()
+        proc = self.proc
+        rc = self.stop()
+        if proc is None:
+            rc = None
         if self.own_dir:
             subprocess.run(["rm", "-rf", self.dir])
+        # A clean drain exits 0; sanitizer reports (leaks included) do not.
+        if rc not in (0, None):
+            raise AssertionError("gateway exited with %s:\n%s" % (rc, proc.stderr_text()[-4000:]))
 
     def __enter__(self):
         return self
