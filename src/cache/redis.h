@@ -32,6 +32,13 @@
 
 typedef struct osr_redis_s osr_redis_t;
 
+/** Cap on one cached binding's JSON (and on any bulk reply we accept). */
+#define OSR_BINDING_JSON_MAX (4u * 1024 * 1024)
+/** Cap on each JSON document inside a binding (request, granted, ...). */
+#define OSR_BINDING_DOC_MAX (2u * 1024 * 1024)
+/** Longest id carried by an invalidation. */
+#define OSR_REDIS_ID_MAX 64
+
 typedef struct osr_redis_opts_s {
   const char *url;             /**< redis://host:port[/db] or unix:/path */
   const char *prefix;          /**< key prefix, default "osr:" */
@@ -41,7 +48,9 @@ typedef struct osr_redis_opts_s {
   uint64_t binding_ttl_ms;     /**< cache entry lifetime, default 300000 */
 } osr_redis_opts_t;
 
-/** Invalidation message: a sandbox whose binding changed (or "*" for all). */
+/** Invalidation message: a sandbox whose binding changed (or "*" for all).
+ *  "*" is also delivered after the subscriber connection came back from an
+ *  outage, since messages published meanwhile were lost. */
 typedef void (*osr_redis_invalidate_cb)(const char *sandbox_id, void *data);
 
 /** Create the client and start connecting (in the background). Returns 0 or
@@ -49,26 +58,49 @@ typedef void (*osr_redis_invalidate_cb)(const char *sandbox_id, void *data);
 int osr_redis_new(uv_loop_t *loop, const osr_redis_opts_t *opts, osr_redis_t **out);
 
 /** Subscribe to invalidations (a second connection; re-subscribes after
- *  reconnects). One subscriber callback per client. */
+ *  reconnects). One subscriber callback per client: a second call returns
+ *  OSR_EBUSY. `cb` runs on the loop thread for every valid message until
+ *  osr_redis_close; ids are checked with osr_redis_id_is_valid first. */
 int osr_redis_subscribe(osr_redis_t *r, osr_redis_invalidate_cb cb, void *data);
 
 /** 1 while the command connection is up. */
 int osr_redis_is_connected(const osr_redis_t *r);
 
 typedef void (*osr_redis_done_cb)(int status, void *data);
-/** `b` valid during the call; status OSR_ENOTFOUND on a miss. */
+/** `b` valid during the call (NULL unless status is 0); status OSR_ENOTFOUND
+ *  on a miss, OSR_ETIMEDOUT after command_timeout_ms (a late reply is
+ *  dropped), OSR_EUNAVAILABLE if the connection broke or Redis answered an
+ *  error, OSR_EPROTO for an entry that is not a valid binding, OSR_ECANCELED
+ *  when the client is closed first. Same statuses for osr_redis_done_cb. */
 typedef void (*osr_redis_binding_cb)(int status, const osr_binding_t *b, void *data);
 
-/** Cache a binding (SET with TTL). */
+/** Cache a binding (SET "<prefix>b:<id>" PX binding_ttl_ms).
+ *  Synchronous errors (the callback then never fires): OSR_EUNAVAILABLE while
+ *  disconnected, OSR_EAGAIN at max_inflight, OSR_EINVAL for a bad id or
+ *  binding, OSR_ETOOLARGE above OSR_BINDING_JSON_MAX, OSR_ECLOSED while
+ *  closing. The same apply to get and invalidate. */
 int osr_redis_put_binding(osr_redis_t *r, const osr_binding_t *b, osr_redis_done_cb cb, void *data);
 int osr_redis_get_binding(osr_redis_t *r, const char *id, osr_redis_binding_cb cb, void *data);
-/** Delete the cached copy and publish an invalidation. */
+/** Delete the cached copy and publish an invalidation on
+ *  "<prefix>invalidate". id "*" publishes only (every subscriber flushes). */
 int osr_redis_invalidate(osr_redis_t *r, const char *id, osr_redis_done_cb cb, void *data);
 
 /** Serialise a binding for the cache (JSON) and back; exposed for tests and
- *  the data plane. `out` is heap (osr_free). */
+ *  the data plane. `out` is heap (osr_free), NUL-terminated.
+ *  to_json: OSR_EINVAL for a string field not terminated inside its array,
+ *  non-UTF-8 text, a bad id/state/isolation; OSR_ETOOLARGE past the caps. */
 int osr_binding_to_json(const osr_binding_t *b, char **out);
+/** Parse untrusted JSON (`len` bytes, no NUL needed). `b` is overwritten as
+ *  if uninitialised (dispose an old value first). 0: every field was present
+ *  and valid; the JSON documents are heap strings the caller frees
+ *  (osr_binding_dispose). OSR_EINVAL for anything else (syntax, duplicate or
+ *  missing members, wrong types, oversize strings, unknown enum names, input
+ *  above OSR_BINDING_JSON_MAX); `b` is then all zero and owns nothing.
+ *  OSR_ENOMEM on allocation failure. Unknown members are ignored. */
 int osr_binding_from_json(const char *json, size_t len, osr_binding_t *b);
+
+/** 1 if `id` (`len` bytes) is 1..OSR_REDIS_ID_MAX of [a-z0-9*_-]. */
+int osr_redis_id_is_valid(const char *id, size_t len);
 
 /** Round-trip latency of the last command in microseconds (metrics). */
 uint64_t osr_redis_last_latency_us(const osr_redis_t *r);
