@@ -198,7 +198,18 @@ const char *osr_strerror(int err)
     return "name resolution failed";
   case OSR_ESHUTDOWN:
     return "shutting down";
+  case -30010:
+    return "store unavailable";
+  case -30011:
+    return "conflict";
+  case -30012:
+    return "not found";
   default:
+    /* libuv allocates (and leaks) a string for codes it does not know, so
+     * only hand it errno-range codes. Provider codes (-31xxx) are named by
+     * osr_provider_err_name(). */
+    if (err <= -30000)
+      return err <= -31000 && err > -32000 ? "provider error" : "OSR error";
     return uv_strerror(err);
   }
 }
