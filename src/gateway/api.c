@@ -57,7 +57,10 @@ static void h_metrics(osr_gw_call_t *call);
 
 /* The route table. tests/integration/admin/test_admin.py parses the ROUTE
  * lines below and checks them against openapi.json, so keep one per line. */
-#define ROUTE(m, p, h, a, b) {m, p, h, a, b}
+#define ROUTE(m, p, h, a, b)                                                                       \
+  {                                                                                                \
+    m, p, h, a, b                                                                                  \
+  }
 static const route_t routes[] = {
     ROUTE("GET", "/healthz", h_healthz, AUTH_NONE, 0),
     ROUTE("GET", "/readyz", h_readyz, AUTH_NONE, 0),
@@ -83,10 +86,10 @@ static const route_t routes[] = {
 typedef struct api_call_s {
   osr_gw_call_t call;
   const route_t *rt;
-  char method[8];  /* for metrics: "GET", ... or "other" */
+  char method[8]; /* for metrics: "GET", ... or "other" */
   int refs;
-  int pending;     /* auth lookup + body collection still running */
-  int aborted;     /* the exchange ended before the answer */
+  int pending; /* auth lookup + body collection still running */
+  int aborted; /* the exchange ended before the answer */
 } api_call_t;
 
 static api_call_t *api_call(osr_gw_call_t *call)
@@ -470,8 +473,8 @@ static void on_body(osr_http_req_t *req, osr_iovec_t body, int status)
       char msg[256];
       snprintf(msg, sizeof(msg), "malformed JSON: %s", jerr.text);
       osr_gw_error(call, 400, "invalid_request", msg,
-                   json_pack("{s:i,s:i,s:i}", "line", jerr.line, "column", jerr.column,
-                             "position", jerr.position));
+                   json_pack("{s:i,s:i,s:i}", "line", jerr.line, "column", jerr.column, "position",
+                             jerr.position));
       return;
     }
     if (!json_is_object(j)) {

@@ -74,8 +74,8 @@ void osr_gw_keys_create(osr_gw_call_t *call)
 {
   const json_t *b = call->body;
   if (b == NULL) {
-    osr_gw_error(call, 400, "invalid_request", "body required: {\"tenant\": ..., \"name\"?, \"role\"?}",
-                 NULL);
+    osr_gw_error(call, 400, "invalid_request",
+                 "body required: {\"tenant\": ..., \"name\"?, \"role\"?}", NULL);
     return;
   }
   const char *k;
@@ -222,11 +222,11 @@ static void on_audit(int status, const osr_audit_event_t *ev, size_t n, const ch
     json_t *detail = NULL;
     if (ev[i].detail_json != NULL && ev[i].detail_json[0] != '\0')
       detail = json_loads(ev[i].detail_json, 0, NULL);
-    json_array_append_new(
-        items, json_pack("{s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o}", "seq", (json_int_t)ev[i].seq, "at",
-                         at, "tenant", ev[i].tenant, "actor", ev[i].actor, "action", ev[i].action,
-                         "sandboxId", ev[i].sandbox_id, "outcome", ev[i].outcome, "detail",
-                         detail != NULL ? detail : json_object()));
+    json_array_append_new(items, json_pack("{s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o}", "seq",
+                                           (json_int_t)ev[i].seq, "at", at, "tenant", ev[i].tenant,
+                                           "actor", ev[i].actor, "action", ev[i].action,
+                                           "sandboxId", ev[i].sandbox_id, "outcome", ev[i].outcome,
+                                           "detail", detail != NULL ? detail : json_object()));
   }
   osr_gw_reply(call, 200,
                json_pack("{s:o,s:o}", "items", items, "nextCursor",
@@ -259,8 +259,8 @@ void osr_gw_audit_list(osr_gw_call_t *call)
     return;
   }
   osr_gw_call_hold(call);
-  int rv = osr_store_audit_list(call->gw->store, tenant, n > 0 ? cursor : NULL, limit, on_audit,
-                                call);
+  int rv =
+      osr_store_audit_list(call->gw->store, tenant, n > 0 ? cursor : NULL, limit, on_audit, call);
   if (rv != 0)
     on_audit(rv, NULL, 0, NULL, call);
 }

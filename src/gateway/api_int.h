@@ -14,19 +14,19 @@ extern const char osr_openapi_json[];
 extern const size_t osr_openapi_json_len;
 
 /** Most keys the positive auth cache holds, and how long an entry lives. */
-#define OSR_AUTH_CACHE_MAX 10000
+#define OSR_AUTH_CACHE_MAX    10000
 #define OSR_AUTH_CACHE_TTL_MS 30000
 
 /** A tenant key is "osr_" followed by 40 lower-case hex digits (20 random bytes). */
 #define OSR_KEY_PREFIX "osr_"
-#define OSR_KEY_LEN 44
+#define OSR_KEY_LEN    44
 
 /** Outcome of the synchronous part of authentication. */
 typedef enum osr__auth_result_e {
-  OSR__AUTH_OK = 0,        /**< call->auth is filled */
-  OSR__AUTH_PENDING = 1,   /**< a store lookup runs; the callback fires once */
-  OSR__AUTH_MISSING = 2,   /**< no Authorization header, or not Bearer */
-  OSR__AUTH_INVALID = 3,   /**< malformed or unknown key */
+  OSR__AUTH_OK = 0,          /**< call->auth is filled */
+  OSR__AUTH_PENDING = 1,     /**< a store lookup runs; the callback fires once */
+  OSR__AUTH_MISSING = 2,     /**< no Authorization header, or not Bearer */
+  OSR__AUTH_INVALID = 3,     /**< malformed or unknown key */
   OSR__AUTH_UNAVAILABLE = 4, /**< the store refused the lookup (closing) */
 } osr__auth_result_t;
 

@@ -54,8 +54,8 @@ void osr__gw_audit_as(osr_gw_t *gw, const char *tenant, const char *actor, const
       p->ev.detail_json = json_dumps(detail, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(detail);
   }
-  int rv = gw->store != NULL ? osr_store_audit_append(gw->store, &p->ev, on_appended, p)
-                             : OSR_ECLOSED;
+  int rv =
+      gw->store != NULL ? osr_store_audit_append(gw->store, &p->ev, on_appended, p) : OSR_ECLOSED;
   if (rv != 0)
     on_appended(rv, p);
 }
@@ -63,6 +63,6 @@ void osr__gw_audit_as(osr_gw_t *gw, const char *tenant, const char *actor, const
 void osr_gw_audit(osr_gw_t *gw, const osr_gw_auth_t *who, const char *action,
                   const char *sandbox_id, const char *outcome, json_t *detail)
 {
-  osr__gw_audit_as(gw, who != NULL ? who->tenant : "", who != NULL ? who->key_id : "system",
-                   action, sandbox_id, outcome, detail);
+  osr__gw_audit_as(gw, who != NULL ? who->tenant : "", who != NULL ? who->key_id : "system", action,
+                   sandbox_id, outcome, detail);
 }

@@ -56,8 +56,8 @@ typedef struct main_s {
   uv_signal_t sigterm, sigint;
   osr_tls_ctx_t *tls;
   int exit_code;
-  int starting;        /* a start step is running */
-  int stop_requested;  /* signal or failure: stop when the running step ends */
+  int starting;       /* a start step is running */
+  int stop_requested; /* signal or failure: stop when the running step ends */
   int stopping;
   int stop_step;
 } main_t;

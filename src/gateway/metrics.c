@@ -22,14 +22,14 @@
 /* Seconds. Covers sub-millisecond API answers up to provider creates that
  * take tens of seconds (a cold VM or a Kubernetes pod). */
 static const double buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                 0.25,   0.5,   1,      2.5,   5,    10,   30,  60};
+                                 0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
 #define NBUCKETS OSR_ARRAY_SIZE(buckets)
 
-#define MAX_HTTP_SERIES 1024
-#define MAX_ROUTES 64
+#define MAX_HTTP_SERIES   1024
+#define MAX_ROUTES        64
 #define MAX_CREATE_SERIES 512
 #define MAX_REAPER_SERIES 32
-#define LABEL_MAX 64
+#define LABEL_MAX         64
 
 typedef struct hist_s {
   uint64_t bucket[NBUCKETS]; /* non-cumulative; summed when rendered */
@@ -362,8 +362,8 @@ int osr_metrics_render(osr_metrics_t *m, osr_gw_t *gw, osr_buf_t *out)
     rv = family(out, "create_failovers_total", "counter",
                 "Creates that needed more than one provider.");
   if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_create_failovers_total %llu\n",
-                         (unsigned long long)m->failovers);
+    rv =
+        osr_buf_appendf(out, "osr_create_failovers_total %llu\n", (unsigned long long)m->failovers);
   if (rv == 0)
     rv = family(out, "create_duration_seconds", "histogram",
                 "Sandbox create latency end to end, as the client sees it.");
@@ -375,8 +375,7 @@ int osr_metrics_render(osr_metrics_t *m, osr_gw_t *gw, osr_buf_t *out)
 
   if (rv == 0)
     rv = family(out, "sandboxes", "gauge", "Sandboxes by state, as last counted by the reaper.");
-  for (int st = OSR_BINDING_CREATING; st <= OSR_BINDING_LOST && rv == 0 && m->sandboxes_known;
-       st++)
+  for (int st = OSR_BINDING_CREATING; st <= OSR_BINDING_LOST && rv == 0 && m->sandboxes_known; st++)
     rv = osr_buf_appendf(out, "osr_sandboxes{state=\"%s\"} %llu\n",
                          osr_binding_state_name((osr_binding_state_t)st),
                          (unsigned long long)m->sandboxes[st]);
