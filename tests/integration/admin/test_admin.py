@@ -167,6 +167,12 @@ class Keys(unittest.TestCase):
             self.assertNotIn(a1["key"], json.dumps(j))
             st, _, j = gw.request("GET", "/v1/keys?tenant=tenant-b", key=gw.admin)
             self.assertEqual([k["keyId"] for k in j["items"]], [b1["keyId"]])
+            # Query values are percent-decoded; broken escapes are refused.
+            st, _, j = gw.request("GET", "/v1/keys?x=1&tenant=tenant%2Db&y", key=gw.admin)
+            self.assertEqual([k["keyId"] for k in j["items"]], [b1["keyId"]])
+            for bad in ("tenant=%zz", "tenant=%2", "tenant=a%00", "tenant=a%20b", "tenant=" + "x" * 100):
+                st, _, j = gw.request("GET", "/v1/keys?" + bad, key=gw.admin)
+                self.assertEqual((st, error_code(j)), (400, "invalid_request"), bad)
             # Tenant: its own keys only; naming another tenant is forbidden.
             st, _, j = gw.request("GET", "/v1/keys", key=a1["key"])
             self.assertEqual(st, 200)
