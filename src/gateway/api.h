@@ -11,6 +11,10 @@
  * idempotency_conflict 409, payload_too_large 413, no_capable_provider 422
  * (details.providers: each provider's reasons), all_providers_failed 502
  * (details.attempts), unavailable 503 (store down), internal 500.
+ * Also in use: conflict 409 (the sandbox's state forbids the operation,
+ * details.state) and provider_error 502 (a provider refused an operation on
+ * an existing sandbox). A non-JSON body is 415 with code invalid_request.
+ * docs/api.md and openapi.json list them all.
  */
 #ifndef OSR_GATEWAY_API_H
 #define OSR_GATEWAY_API_H
