@@ -12,9 +12,11 @@
 #include "osr/adapter.h"
 
 extern const osr_adapter_t osr_adapter_sim;
+extern const osr_adapter_t osr_adapter_local;
 
 static const osr_adapter_t *const table[] = {
   &osr_adapter_sim,
+  &osr_adapter_local,
 };
 
 const osr_adapter_t *osr_adapter_find(const char *type)

@@ -153,6 +153,11 @@ typedef void (*osr_provider_get_cb)(osr_provider_t *p, int status, const osr_res
 typedef void (*osr_provider_list_cb)(osr_provider_t *p, int status, const osr_resource_t *res,
                                      size_t n, void *data);
 
+/** Snapshot result: `snapshot` names the snapshot (for the local provider,
+ *  the path of the tar file written); valid during the call. */
+typedef void (*osr_provider_snapshot_cb)(osr_provider_t *p, int status, const char *snapshot,
+                                         void *data);
+
 /** The operations table an adapter exports (one static const per adapter). */
 typedef struct osr_adapter_s {
   uint32_t version;            /**< OSR_ADAPTER_VERSION */
@@ -178,6 +183,17 @@ typedef struct osr_adapter_s {
   /** Stop accepting work, cancel in-flight requests (their callbacks fire
    *  with OSR_ECANCELED), free p->impl, then call cb. */
   void (*close)(osr_provider_t *p, void (*cb)(osr_provider_t *p));
+  /** Optional (NULL if unsupported; added after version 1 without a bump:
+   *  tables that do not set them get NULL). Filesystem snapshot of a
+   *  running sandbox's writable layer into `snapshot` (provider-specific
+   *  name; the local provider takes an absolute path for a tar file). The
+   *  sandbox keeps running. */
+  int (*snapshot)(osr_provider_t *p, const char *provider_id, const char *snapshot,
+                  osr_provider_snapshot_cb cb, void *data);
+  /** Optional: create a new sandbox from `spec` whose writable layer starts
+   *  as `snapshot` (from snapshot()); otherwise exactly like create(). */
+  int (*restore)(osr_provider_t *p, const osr_sandbox_spec_t *spec, const char *snapshot,
+                 osr_provider_create_cb cb, void *data);
 } osr_adapter_t;
 
 /** A configured provider instance (one adapter may back several). Owned by
