@@ -23,18 +23,6 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-/* The store, Redis and adapter modules are written in parallel with the CLI
- * and land one by one: weak references keep `osr` linking while one is
- * missing, and doctor then reports the module as absent from this build. */
-#pragma weak osr_store_open
-#pragma weak osr_store_close
-#pragma weak osr_store_backend
-#pragma weak osr_redis_new
-#pragma weak osr_redis_is_connected
-#pragma weak osr_redis_close
-#pragma weak osr_adapter_find
-#pragma weak osr_adapter_types
-
 #define STORE_DEADLINE_MS 10000
 #define REDIS_DEADLINE_MS 3000
 
@@ -163,10 +151,6 @@ static void loop_finish(uv_loop_t *loop)
 static void check_store(report_t *r, const char *url)
 {
   char detail[1024], fix[1200];
-  if (osr_store_open == NULL || osr_store_close == NULL || osr_store_backend == NULL) {
-    check(r, "WARN", "store", "this build of osr has no store module", "rebuild from a complete tree");
-    return;
-  }
   uv_loop_t *loop = osr_xmalloc(sizeof(*loop));
   probe_t p;
   memset(&p, 0, sizeof(p));
@@ -245,10 +229,6 @@ static void check_redis(report_t *r, const char *url)
           NULL);
     return;
   }
-  if (osr_redis_new == NULL || osr_redis_is_connected == NULL || osr_redis_close == NULL) {
-    check(r, "WARN", "redis", "this build of osr has no Redis module", "rebuild from a complete tree");
-    return;
-  }
   uv_loop_t *loop = osr_xmalloc(sizeof(*loop));
   rprobe_t p;
   memset(&p, 0, sizeof(p));
@@ -291,11 +271,6 @@ static void check_redis(report_t *r, const char *url)
 
 static void check_providers(report_t *r, const json_t *providers)
 {
-  if (osr_adapter_find == NULL || osr_adapter_types == NULL) {
-    check(r, "WARN", "providers", "this build of osr has no adapter registry",
-          "rebuild from a complete tree");
-    return;
-  }
   size_t i;
   json_t *p;
   json_array_foreach(providers, i, p) {

@@ -13,23 +13,6 @@
 #include "gateway/gw.h"
 #include "util/mem.h"
 
-/* The control-plane entry point is written in parallel with this file; a
- * weak reference lets `osr serve` use it as soon as it is linked in and fall
- * back to the health-only gateway until then. */
-#pragma weak osr_gateway_main
-
-static int serve_fallback(const osr_gw_config_t *cfg)
-{
-  osr_gateway_config_t g;
-  memset(&g, 0, sizeof(g));
-  for (size_t i = 0; i < cfg->nlisten && i < OSR_ARRAY_SIZE(g.listen); i++)
-    g.listen[g.nlisten++] = cfg->listen[i];
-  g.tls_cert = cfg->tls_cert;
-  g.tls_key = cfg->tls_key;
-  g.drain_ms = cfg->drain_ms;
-  return osr_gateway_run(&g);
-}
-
 int cli_cmd_serve(int argc, char **argv)
 {
   int print = 0, rv;
@@ -52,7 +35,7 @@ int cli_cmd_serve(int argc, char **argv)
       return CLI_OK;
     }
   }
-  if (!print && osr_gateway_main != NULL) {
+  if (!print) {
     rv = osr_gateway_main(n, args, "osr serve");
     osr_free(args);
     return rv;
@@ -69,16 +52,11 @@ int cli_cmd_serve(int argc, char **argv)
     fprintf(stderr, "osr serve: %s\n", err);
     return CLI_EUSAGE;
   }
-  if (print) {
-    json_t *j = osr_gw_config_to_json_redacted(&cfg);
-    char *s = json_dumps(j, JSON_INDENT(2));
-    printf("%s\n", s != NULL ? s : "{}");
-    osr_json_free(s);
-    json_decref(j);
-    osr_gw_config_dispose(&cfg);
-    return CLI_OK;
-  }
-  rv = serve_fallback(&cfg);
+  json_t *j = osr_gw_config_to_json_redacted(&cfg);
+  char *s = json_dumps(j, JSON_INDENT(2));
+  printf("%s\n", s != NULL ? s : "{}");
+  osr_json_free(s);
+  json_decref(j);
   osr_gw_config_dispose(&cfg);
-  return rv;
+  return CLI_OK;
 }
