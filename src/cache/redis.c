@@ -74,6 +74,8 @@ typedef struct conn_s {
   redisAsyncContext *ac; /* NULL when no context exists */
   conn_phase_t phase;
   int dying;          /* teardown of `ac` started: send nothing more */
+  int dropped;        /* we started that teardown (already logged) */
+  int over_cap;       /* the reader refused a reply above our caps */
   int ever_up;        /* sub: a reconnect means messages may have been missed */
   int handshake_left; /* AUTH/SELECT/PING replies still expected */
   int enabled;        /* sub: only after osr_redis_subscribe */
@@ -452,18 +454,25 @@ static redisReplyObjectFunctions capped_fns;
 static redisReplyObjectFunctions orig_fns;
 static uv_once_t capped_once = UV_ONCE_INIT;
 
+/* Returning NULL makes the reader fail with "Out of memory" and hiredis
+ * drop the connection; over_cap (the reader's privdata is our conn_t) lets
+ * the log say what really happened. */
 static void *capped_create_string(const redisReadTask *task, char *str, size_t len)
 {
-  if (len > OSR_BINDING_JSON_MAX)
-    return NULL; /* the reader reports OOM and hiredis drops the connection */
+  if (len > OSR_BINDING_JSON_MAX) {
+    ((conn_t *)task->privdata)->over_cap = 1;
+    return NULL;
+  }
   return orig_fns.createString(task, str, len);
 }
 
 static void *capped_create_array(const redisReadTask *task, int elements)
 {
   /* Checked before hiredis callocs `elements` pointers on the peer's word. */
-  if (elements > OSR_REDIS_MAX_ELEMENTS)
+  if (elements > OSR_REDIS_MAX_ELEMENTS) {
+    ((conn_t *)task->privdata)->over_cap = 1;
     return NULL;
+  }
   return orig_fns.createArray(task, elements);
 }
 
@@ -537,14 +546,17 @@ static void hook_del_write(void *privdata) { hook_set(privdata, 0, UV_WRITABLE);
  * after the last reply callback and before the disconnect callback and the
  * final free. From here on hiredis calls nothing of ours except the
  * disconnect callback, which only logs. */
-static void conn_gone(conn_t *c);
+static void conn_gone(conn_t *c, const char *err);
 
 static void hook_cleanup(void *privdata)
 {
   redisLibuvEvents *p = privdata;
-  conn_t *c = p->context->data;
+  redisAsyncContext *ac = p->context;
+  conn_t *c = ac->data;
   redisLibuvCleanup(p);
-  conn_gone(c);
+  conn_gone(c, c->over_cap                     ? "reply larger than the cap"
+               : ac->err && ac->errstr != NULL ? ac->errstr
+                                                : "closed by the server");
 }
 
 /* ---- connections ------------------------------------------------------------ */
@@ -564,6 +576,7 @@ static void conn_drop(conn_t *c, const char *why)
   if (why != NULL)
     OSR_LOG_WARN(MOD, "%s connection dropped: %s", c->is_sub ? "subscriber" : "command", why);
   c->dying = 1;
+  c->dropped = 1;
   redisAsyncFree(c->ac);
 }
 
@@ -698,6 +711,7 @@ static void conn_connect(conn_t *c, const char *ip)
   ac->data = c;
   ac->c.reader->maxbuf = OSR_REDIS_READER_MAXBUF;
   ac->c.reader->fn = &capped_fns;
+  ac->c.reader->privdata = c;
   redisAsyncSetConnectCallback(ac, on_connect);
   redisAsyncSetDisconnectCallback(ac, on_disconnect);
   if (r->unix_path == NULL)
@@ -850,12 +864,14 @@ static void conn_retry(conn_t *c)
   c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
 }
 
-static void conn_gone(conn_t *c)
+static void conn_gone(conn_t *c, const char *err)
 {
-  if (c->phase == CONN_UP)
-    OSR_LOG_WARN(MOD, "%s connection lost", c->is_sub ? "subscriber" : "command");
+  if (c->phase == CONN_UP && !c->dropped && !c->r->closing)
+    OSR_LOG_WARN(MOD, "%s connection lost: %s", c->is_sub ? "subscriber" : "command", err);
   c->ac = NULL;
   c->dying = 0;
+  c->dropped = 0;
+  c->over_cap = 0;
   c->handshake_left = 0;
   conn_retry(c);
 }

@@ -358,6 +358,36 @@ static void test_json_roundtrip(void **state)
   dispose(&a);
 }
 
+/* Allocation failures (STYLE 25): every osr_try_ allocation in the codec
+ * fails cleanly, with nothing leaked (ASan) and nothing owned. */
+static void test_json_alloc_failure(void **state)
+{
+  osr_binding_t a, b;
+  char *js = NULL, *js2 = NULL;
+  (void)state;
+  fill(&a, "allocfail");
+  assert_int_equal(osr_binding_to_json(&a, &js), 0);
+  for (unsigned long n = 1; n <= 4; n++) {
+    osr_mem_fail_after(n);
+    memset(&b, 0x5a, sizeof(b));
+    assert_int_equal(osr_binding_from_json(js, strlen(js), &b), OSR_ENOMEM);
+    assert_null(b.request_json);
+    assert_null(b.granted_json);
+    assert_null(b.metadata_json);
+    assert_null(b.error_json);
+  }
+  osr_mem_fail_after(5); /* four documents: the fifth allocation never happens */
+  assert_int_equal(osr_binding_from_json(js, strlen(js), &b), 0);
+  osr_mem_fail_after(0);
+  dispose(&b);
+  osr_mem_fail_after(1);
+  assert_int_equal(osr_binding_to_json(&a, &js2), OSR_ENOMEM);
+  assert_null(js2);
+  osr_mem_fail_after(0);
+  osr_free(js);
+  dispose(&a);
+}
+
 /* Valid JSON of a full binding with member `key` replaced by `val` (a JSON
  * text; NULL deletes the member). */
 static char *mutated(const char *key, const char *val)
@@ -782,6 +812,37 @@ static void test_max_inflight(void **state)
   loop_finish();
 }
 
+/* Replies above the caps cost the connection, not the process's memory:
+ * hiredis 0.14 would buffer a bulk string of any size. */
+static void test_reply_caps(void **state)
+{
+  osr_redis_t *r;
+  char out[64];
+  (void)state;
+
+  redis_fresh();
+  loop_start();
+  r = client(redis_url, 3000, 0);
+  assert_true(connected_flag(r));
+  /* Past the buffered-bytes cap (checked after every read). */
+  cli(out, sizeof(out), "EVAL \"return redis.call('SET', KEYS[1], string.rep('a', 6000000))\" 1 osr:b:big");
+  assert_string_equal(out, "OK");
+  assert_int_equal(do_get(r, "big", NULL), OSR_EUNAVAILABLE);
+  assert_true(connected_flag(r));
+  assert_int_equal(do_get(r, "small", NULL), OSR_ENOTFOUND);
+  /* Just past OSR_BINDING_JSON_MAX: refused by the reader's string hook. */
+  cli(out, sizeof(out), "EVAL \"return redis.call('SET', KEYS[1], string.rep('a', %u))\" 1 osr:b:big2",
+      OSR_BINDING_JSON_MAX + 1);
+  assert_string_equal(out, "OK");
+  assert_int_equal(do_get(r, "big2", NULL), OSR_EUNAVAILABLE);
+  assert_true(connected_flag(r));
+  /* Large but allowed: read whole, then rejected as not a binding. */
+  cli(out, sizeof(out), "EVAL \"return redis.call('SET', KEYS[1], string.rep('a', 1000000))\" 1 osr:b:big3");
+  assert_int_equal(do_get(r, "big3", NULL), OSR_EPROTO);
+  client_close(r);
+  loop_finish();
+}
+
 static void test_command_timeout(void **state)
 {
   osr_redis_t *r;
@@ -1059,11 +1120,13 @@ int main(void)
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_json_roundtrip),
     cmocka_unit_test(test_json_malformed),
+    cmocka_unit_test(test_json_alloc_failure),
     cmocka_unit_test(test_urls),
     cmocka_unit_test(test_put_get),
     cmocka_unit_test(test_prefix_ttl_unix),
     cmocka_unit_test(test_invalidate),
     cmocka_unit_test(test_max_inflight),
+    cmocka_unit_test(test_reply_caps),
     cmocka_unit_test(test_command_timeout),
     cmocka_unit_test(test_redis_restart),
     cmocka_unit_test(test_close_inflight),
