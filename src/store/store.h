@@ -16,6 +16,16 @@
  * OSR_ECLOSED after close) means it never does. Data passed to callbacks is
  * valid only during the callback. Store failures (database down, disk
  * full) come back as OSR_EUNAVAILABLE so the API can answer `unavailable`.
+ *
+ * Ordering: requests run in submission order on SQLite (one worker). On
+ * PostgreSQL a pool of connections (?pool=N, default 2) runs batches in
+ * parallel, so calls issued without waiting for each other's callbacks may
+ * complete in any order; issue dependent calls from the callback.
+ * While PostgreSQL is unreachable every call fails within milliseconds with
+ * OSR_EUNAVAILABLE (a failed connect holds further attempts for ~500 ms);
+ * the store reconnects by itself. A failed open (status != 0 in the open
+ * callback) still leaves `st` valid: calls fail or succeed as the database
+ * comes and goes, and the caller must osr_store_close it in any case.
  */
 #ifndef OSR_STORE_STORE_H
 #define OSR_STORE_STORE_H
@@ -164,6 +174,8 @@ typedef void (*osr_store_keys_cb)(int status, const osr_api_key_t *k, size_t n, 
 int osr_store_key_put(osr_store_t *st, const osr_api_key_t *k, osr_store_done_cb cb, void *data);
 /** Look up an active key by its hash. OSR_ENOTFOUND if unknown or revoked. */
 int osr_store_key_lookup(osr_store_t *st, const char *hash, osr_store_key_cb cb, void *data);
+/** A tenant's keys (NULL = all), revoked ones included, oldest first, at
+ *  most 1000. */
 int osr_store_key_list(osr_store_t *st, const char *tenant, osr_store_keys_cb cb, void *data);
 int osr_store_key_revoke(osr_store_t *st, const char *key_id, int64_t at_ms, osr_store_done_cb cb,
                          void *data);

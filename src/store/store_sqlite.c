@@ -25,7 +25,7 @@
  * serves both backends.
  */
 #include <errno.h>
-#include <fcntl.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -37,6 +37,30 @@
 #include "util/mem.h"
 
 #define BUSY_TIMEOUT_MS 5000
+/* Background checkpoints: every CKPT_TICK_MS the checkpointer copies the
+ * WAL into the database (PASSIVE: never blocks the writer). The writer only
+ * checkpoints itself if the WAL reaches WRITER_CHECKPOINT_PAGES, which bounds
+ * the WAL (~40 MB) should the checkpointer fall behind. */
+#define CKPT_TICK_MS 50
+#define CONNECT_RETRY_MS 20
+#define WRITER_CHECKPOINT_PAGES 10000
+#define JOURNAL_SIZE_LIMIT (64 * 1024 * 1024)
+
+/* Why a checkpoint thread: SQLite's default auto-checkpoint runs inside the
+ * COMMIT that crosses 1000 WAL pages, on the writer, with two fsyncs (WAL,
+ * then database). That commit then takes tens of milliseconds, and every
+ * request in its group-commit batch waits for it: it was most of the p99 of
+ * creates. A second connection on its own thread checkpoints instead, so the
+ * writer's commits only append to the WAL. */
+typedef struct ckpt_s {
+  uv_thread_t thread;
+  uv_mutex_t mu;
+  uv_cond_t cv;
+  int stop;
+  int running;
+  const char *path;
+  int sync_full;
+} ckpt_t;
 
 typedef struct sqlite_db_s {
   osr_store_t *st;
@@ -44,7 +68,78 @@ typedef struct sqlite_db_s {
   sqlite3_stmt *cache[OSR__ST_COUNT];
   sqlite3_stmt *cur;      /* statement being read by row_next */
   int cur_dynamic;        /* finalize cur at query_end */
+  ckpt_t ckpt;
 } sqlite_db_t;
+
+static void ckpt_main(void *arg)
+{
+  ckpt_t *c = arg;
+  sqlite3 *h = NULL;
+
+  uv_mutex_lock(&c->mu);
+  while (!c->stop) {
+    uv_cond_timedwait(&c->cv, &c->mu, (uint64_t)CKPT_TICK_MS * 1000000u);
+    if (c->stop)
+      break;
+    uv_mutex_unlock(&c->mu);
+    if (h == NULL) {
+      if (sqlite3_open_v2(c->path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK ||
+          sqlite3_exec(h, c->sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
+                       NULL, NULL, NULL) != SQLITE_OK) {
+        sqlite3_close_v2(h);
+        h = NULL;
+      }
+    }
+    if (h != NULL && sqlite3_wal_checkpoint_v2(h, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL) != SQLITE_OK &&
+        sqlite3_errcode(h) != SQLITE_BUSY) {
+      /* Reopen next tick; a checkpoint missed now is done later. */
+      sqlite3_close_v2(h);
+      h = NULL;
+    }
+    uv_mutex_lock(&c->mu);
+  }
+  uv_mutex_unlock(&c->mu);
+  if (h != NULL)
+    sqlite3_close_v2(h);
+}
+
+static void ckpt_start(sqlite_db_t *d, const osr__store_cfg_t *cfg)
+{
+  ckpt_t *c = &d->ckpt;
+  if (c->running || strcmp(cfg->target, ":memory:") == 0)
+    return;
+  c->path = cfg->target;
+  c->sync_full = cfg->sync_full;
+  c->stop = 0;
+  if (uv_mutex_init(&c->mu) != 0)
+    return;
+  if (uv_cond_init(&c->cv) != 0) {
+    uv_mutex_destroy(&c->mu);
+    return;
+  }
+  if (uv_thread_create(&c->thread, ckpt_main, c) != 0) {
+    /* Without it the writer's own auto-checkpoint still bounds the WAL. */
+    uv_cond_destroy(&c->cv);
+    uv_mutex_destroy(&c->mu);
+    return;
+  }
+  c->running = 1;
+}
+
+static void ckpt_stop(sqlite_db_t *d)
+{
+  ckpt_t *c = &d->ckpt;
+  if (!c->running)
+    return;
+  uv_mutex_lock(&c->mu);
+  c->stop = 1;
+  uv_cond_signal(&c->cv);
+  uv_mutex_unlock(&c->mu);
+  uv_thread_join(&c->thread);
+  uv_cond_destroy(&c->cv);
+  uv_mutex_destroy(&c->mu);
+  c->running = 0;
+}
 
 /* osr__db_t is opaque to store.c; here it is a sqlite_db_t. */
 static sqlite_db_t *S(osr__db_t *db)
@@ -131,6 +226,7 @@ static void sq_disconnect(osr__db_t *db)
 
 static void sq_db_free(osr__db_t *db)
 {
+  ckpt_stop(S(db));
   sq_disconnect(db);
   osr_free(db);
 }
@@ -140,26 +236,33 @@ static int sq_is_connected(osr__db_t *db)
   return S(db)->h != NULL;
 }
 
+static int on_mode_row(void *arg, int ncol, char **vals, char **names)
+{
+  (void)names;
+  if (ncol >= 1 && vals[0] != NULL)
+    snprintf(arg, 16, "%s", vals[0]);
+  return 0;
+}
+
 static int sq_connect(osr__db_t *db)
 {
   sqlite_db_t *d = S(db);
   const osr__store_cfg_t *cfg = osr__store_cfg(d->st);
   char *err = NULL;
-  char pragmas[160];
-  int rc, fd;
+  char pragmas[200], mode[16];
+  struct stat sb;
+  int rc, tries, is_new;
 
   if (d->h != NULL)
     return 0;
-  /* The file holds API key hashes: create it owner-only before SQLite does
-   * (SQLite gives its -wal and -shm files the main file's mode). */
-  if (strcmp(cfg->target, ":memory:") != 0) {
-    fd = open(cfg->target, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      OSR_LOG_WARN("store", "sqlite: cannot open %s: %s", cfg->target, strerror(errno));
-      return OSR_EUNAVAILABLE;
-    }
-    close(fd);
-  }
+  /* The file holds API key hashes: owner-only. We must not open() and
+   * close() the file ourselves: closing any descriptor of a file drops every
+   * POSIX lock this process holds on it, including those of SQLite
+   * connections already open here (another store, the checkpointer), which
+   * silently breaks SQLite's locking. So SQLite creates the file and we
+   * chmod it before anything is written; the -wal and -shm files SQLite
+   * makes later copy the main file's mode. */
+  is_new = strcmp(cfg->target, ":memory:") != 0 && stat(cfg->target, &sb) != 0 && errno == ENOENT;
   /* NOMUTEX: the connection is used by one thread only. */
   rc = sqlite3_open_v2(cfg->target, &d->h,
                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
@@ -168,11 +271,34 @@ static int sq_connect(osr__db_t *db)
     sq_disconnect(db);
     return rc == OSR_ECONFLICT ? OSR_EUNAVAILABLE : rc;
   }
+  if (is_new && chmod(cfg->target, 0600) != 0)
+    OSR_LOG_WARN("store", "sqlite: chmod 0600 %s: %s", cfg->target, strerror(errno));
   sqlite3_extended_result_codes(d->h, 1);
   sqlite3_busy_timeout(d->h, BUSY_TIMEOUT_MS);
   snprintf(pragmas, sizeof(pragmas),
-           "PRAGMA journal_mode = WAL; PRAGMA synchronous = %s; PRAGMA foreign_keys = ON;",
-           cfg->sync_full ? "FULL" : "NORMAL");
+           "PRAGMA synchronous = %s; PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = %d; "
+           "PRAGMA journal_size_limit = %d;",
+           cfg->sync_full ? "FULL" : "NORMAL", WRITER_CHECKPOINT_PAGES, JOURNAL_SIZE_LIMIT);
+  /* Switching a new file to WAL needs an exclusive lock and SQLite does not
+   * always consult the busy handler for it (two gateways creating one
+   * database at once get SQLITE_BUSY at once), and when it cannot switch it
+   * may just answer the old mode. So: retry, and check the answer. */
+  for (tries = 0;; tries++) {
+    mode[0] = '\0';
+    rc = sqlite3_exec(d->h, "PRAGMA journal_mode = WAL", on_mode_row, mode, &err);
+    if (rc == SQLITE_OK && (strcmp(mode, "wal") == 0 || strcmp(mode, "memory") == 0))
+      break;
+    sqlite3_free(err);
+    err = NULL;
+    if ((rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED) ||
+        tries * CONNECT_RETRY_MS >= BUSY_TIMEOUT_MS) {
+      OSR_LOG_WARN("store", "sqlite: %s: cannot enter WAL mode (%s)", cfg->target,
+                   rc != SQLITE_OK ? sqlite3_errstr(rc) : mode);
+      sq_disconnect(db);
+      return OSR_EUNAVAILABLE;
+    }
+    usleep(CONNECT_RETRY_MS * 1000);
+  }
   rc = sqlite3_exec(d->h, pragmas, NULL, NULL, &err);
   if (rc != SQLITE_OK) {
     OSR_LOG_WARN("store", "sqlite: %s: %s", cfg->target, err != NULL ? err : sqlite3_errstr(rc));
@@ -180,6 +306,7 @@ static int sq_connect(osr__db_t *db)
     sq_disconnect(db);
     return OSR_EUNAVAILABLE;
   }
+  ckpt_start(d, cfg);
   return 0;
 }
 

@@ -572,6 +572,7 @@ static void test_create_get_update(void **state)
   res_free(&r);
 
   /* The same id twice without a key is a conflict, not a second row. */
+  osr_binding_dispose(&u);
   mk_binding(&u, tenant, NULL, 1700000000000);
   snprintf(u.id, sizeof(u.id), "%s", b.id);
   sync_create(&c, &u, &r);
@@ -1119,6 +1120,21 @@ static void test_concurrent_open(void **state)
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* An unusable SQLite path: open answers `unavailable` (through the callback),
+ * calls fail the same way, and the store still closes cleanly. */
+static void test_sqlite_unusable_path(void **state)
+{
+  ctx_t c;
+  res_t r;
+  (void)state;
+  if (g_pg)
+    skip();
+  assert_int_equal(ctx_open_url(&c, "sqlite:/nonexistent-osr-dir/x/osr.db"), OSR_EUNAVAILABLE);
+  sync_get(&c, NULL, "bnosuchid00000000000", &r);
+  assert_int_equal(r.status, OSR_EUNAVAILABLE);
+  ctx_close(&c);
+}
+
 static void test_sqlite_file_mode(void **state)
 {
   struct stat sb;
@@ -1350,12 +1366,15 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_other_process_sees_commits),
     cmocka_unit_test(test_crash_after_commit),
     cmocka_unit_test(test_sqlite_file_mode),
+    cmocka_unit_test(test_sqlite_unusable_path),
     cmocka_unit_test(test_pg_two_gateways),
     cmocka_unit_test(test_pg_outage),
     cmocka_unit_test(test_pg_outage_at_open),
   };
 
   g_self = argv[0];
+  if (getenv("OSR_TEST_FILTER") != NULL) /* e.g. "test_crash*" while debugging */
+    cmocka_set_test_filter(getenv("OSR_TEST_FILTER"));
   if (argc == 4 && strcmp(argv[1], "child-get") == 0)
     return child_get(argv[2], argv[3]);
   if (argc == 4 && strcmp(argv[1], "child-create-crash") == 0)
