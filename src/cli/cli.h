@@ -15,14 +15,14 @@
 #include <stdio.h>
 
 /* Exit codes (docs/cli.md): scripts rely on them, never renumber. */
-#define CLI_OK 0
-#define CLI_EAPI 1       /**< the API answered with an error */
-#define CLI_EUSAGE 2     /**< bad command line or configuration */
-#define CLI_EUNREACH 3   /**< the gateway could not be reached */
-#define CLI_ENOTFOUND 4  /**< 404 not_found */
-#define CLI_EAUTH 5      /**< 401 unauthorized / 403 forbidden */
+#define CLI_OK        0
+#define CLI_EAPI      1 /**< the API answered with an error */
+#define CLI_EUSAGE    2 /**< bad command line or configuration */
+#define CLI_EUNREACH  3 /**< the gateway could not be reached */
+#define CLI_ENOTFOUND 4 /**< 404 not_found */
+#define CLI_EAUTH     5 /**< 401 unauthorized / 403 forbidden */
 
-#define CLI_DEFAULT_URL "http://127.0.0.1:7070"
+#define CLI_DEFAULT_URL  "http://127.0.0.1:7070"
 #define CLI_MAX_RESPONSE (64u * 1024 * 1024)
 
 /** Global options, from flags and the environment. */
@@ -104,7 +104,7 @@ const char *cli_field(const json_t *o, const char *path, char *buf, size_t len);
 typedef struct cli_table_s {
   size_t ncols;
   const char *head[CLI_TABLE_COLS];
-  char **cells;  /* nrows * ncols copies */
+  char **cells; /* nrows * ncols copies */
   size_t nrows, cap;
 } cli_table_t;
 

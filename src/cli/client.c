@@ -28,8 +28,8 @@ typedef struct xfer_s {
   osr_http_header_t hdrs[6];
   const char *body;
   size_t bodylen;
-  int status;       /* HTTP status, 0 until the head arrived */
-  int err;          /* first failure */
+  int status; /* HTTP status, 0 until the head arrived */
+  int err;    /* first failure */
   char *buf;
   size_t len, cap;
 } xfer_t;
@@ -313,7 +313,8 @@ static void print_error_details(const json_t *e)
 {
   const char *k;
   json_t *v;
-  json_object_foreach((json_t *)e, k, v) {
+  json_object_foreach((json_t *)e, k, v)
+  {
     if (strcmp(k, "code") == 0 || strcmp(k, "message") == 0)
       continue;
     /* no_capable_provider: one line per provider with its failed filters. */
@@ -321,7 +322,8 @@ static void print_error_details(const json_t *e)
       size_t i;
       json_t *p;
       fprintf(stderr, "  providers:\n");
-      json_array_foreach(v, i, p) {
+      json_array_foreach(v, i, p)
+      {
         char nb[128];
         fprintf(stderr, "    %s:", cli_field(p, "name", nb, sizeof(nb)));
         json_t *fl = json_object_get(p, "filters");
@@ -329,7 +331,8 @@ static void print_error_details(const json_t *e)
         if (json_is_array(fl)) {
           size_t j;
           json_t *f;
-          json_array_foreach(fl, j, f) {
+          json_array_foreach(fl, j, f)
+          {
             if (json_is_false(json_object_get(f, "passed"))) {
               char fb[64], rb[256];
               fprintf(stderr, "%s %s: %s", any ? ";" : "", cli_field(f, "name", fb, sizeof(fb)),
@@ -388,7 +391,8 @@ int cli_call(const cli_t *c, const char *method, const char *target, const json_
   if (rv != 0) {
     fprintf(stderr, "osr: cannot reach the gateway: %s\n", err);
     if (cli_url_is_local(c->url))
-      fprintf(stderr, "  is it running? start it with `osr serve`, or point --url / OSR_URL at it\n");
+      fprintf(stderr,
+              "  is it running? start it with `osr serve`, or point --url / OSR_URL at it\n");
     return CLI_EUNREACH;
   }
   int code = cli_exit_for_status(r->status);
@@ -545,7 +549,8 @@ const char *cli_field(const json_t *o, const char *path, char *buf, size_t len)
     size_t o2 = 0, i;
     json_t *x;
     buf[0] = '\0';
-    json_array_foreach(v, i, x) {
+    json_array_foreach(v, i, x)
+    {
       char item[256];
       cli_field(x, "", item, sizeof(item));
       int w = snprintf(buf + o2, len - o2, "%s%s", i ? "," : "", item);
@@ -561,7 +566,8 @@ const char *cli_field(const json_t *o, const char *path, char *buf, size_t len)
     json_t *x;
     int first = 1;
     buf[0] = '\0';
-    json_object_foreach((json_t *)v, k, x) {
+    json_object_foreach((json_t *)v, k, x)
+    {
       char item[256];
       cli_field(x, "", item, sizeof(item));
       int w = snprintf(buf + o2, len - o2, "%s%s=%s", first ? "" : ",", k, item);

@@ -23,7 +23,8 @@ int cli_cmd_providers(cli_t *c, int argc, char **argv)
   cli_table_init(&t, 10, head);
   size_t i;
   json_t *p;
-  json_array_foreach(json_object_get(r.json, "providers"), i, p) {
+  json_array_foreach(json_object_get(r.json, "providers"), i, p)
+  {
     char b[10][256];
     const char *row[10] = {
         cli_field(p, "name", b[0], 256),
@@ -95,7 +96,8 @@ static int keys_create(cli_t *c, int argc, char **argv)
     char buf[512];
     print_key(r.json);
     cli_kv(stdout, 8, "key", cli_field(r.json, "key", buf, sizeof(buf)));
-    fprintf(stderr, "Store the key now: it is shown only once (the gateway keeps only its hash).\n");
+    fprintf(stderr,
+            "Store the key now: it is shown only once (the gateway keeps only its hash).\n");
   }
   cli_resp_dispose(&r);
   return CLI_OK;
@@ -131,11 +133,13 @@ static int keys_ls(cli_t *c, int argc, char **argv)
   cli_table_init(&t, 6, head);
   size_t i;
   json_t *k;
-  json_array_foreach(json_object_get(r.json, "items"), i, k) {
+  json_array_foreach(json_object_get(r.json, "items"), i, k)
+  {
     char b[6][128];
-    const char *row[6] = {cli_field(k, "keyId", b[0], 128),     cli_field(k, "tenant", b[1], 128),
-                          cli_field(k, "role", b[2], 128),      cli_field(k, "name", b[3], 128),
-                          cli_field(k, "createdAt", b[4], 128), cli_field(k, "revokedAt", b[5], 128)};
+    const char *row[6] = {
+        cli_field(k, "keyId", b[0], 128),     cli_field(k, "tenant", b[1], 128),
+        cli_field(k, "role", b[2], 128),      cli_field(k, "name", b[3], 128),
+        cli_field(k, "createdAt", b[4], 128), cli_field(k, "revokedAt", b[5], 128)};
     cli_table_add(&t, row);
   }
   cli_table_print(&t, stdout);

@@ -71,8 +71,8 @@ static void check_data_dir(report_t *r, const char *dir)
       check(r, "OK", "data dir", detail, NULL);
     } else {
       snprintf(detail, sizeof(detail), "%s does not exist and %s is not writable", dir, parent);
-      snprintf(fix, sizeof(fix), "mkdir -p %s (as a user who may), or set --data-dir / OSR_DATA_DIR",
-               dir);
+      snprintf(fix, sizeof(fix),
+               "mkdir -p %s (as a user who may), or set --data-dir / OSR_DATA_DIR", dir);
       check(r, "FAIL", "data dir", detail, fix);
     }
     return;
@@ -179,10 +179,12 @@ static void check_store(report_t *r, const char *url)
     snprintf(detail, sizeof(detail), "%s: %s", url,
              p.done ? osr_strerror(p.status) : "no answer within 10 s");
     if (pg)
-      snprintf(fix, sizeof(fix), "start PostgreSQL and check the URL (user, host, port, database); "
-                                 "pg_isready -d '<url>' tells whether it accepts connections");
+      snprintf(fix, sizeof(fix),
+               "start PostgreSQL and check the URL (user, host, port, database); "
+               "pg_isready -d '<url>' tells whether it accepts connections");
     else
-      snprintf(fix, sizeof(fix), "check that the directory of the SQLite file exists and is writable");
+      snprintf(fix, sizeof(fix),
+               "check that the directory of the SQLite file exists and is writable");
     check(r, "FAIL", "store", detail, fix);
   }
   /* On open failure the store module frees itself; on success close it. */
@@ -241,7 +243,8 @@ static void check_redis(report_t *r, const char *url)
   if (rv != 0) {
     loop_finish(loop);
     snprintf(detail, sizeof(detail), "%s: %s", url, osr_strerror(rv));
-    check(r, "FAIL", "redis", detail, "use redis://HOST:PORT[/DB] or unix:/path (--redis / OSR_REDIS)");
+    check(r, "FAIL", "redis", detail,
+          "use redis://HOST:PORT[/DB] or unix:/path (--redis / OSR_REDIS)");
     return;
   }
   uv_timer_init(loop, &p.timer);
@@ -273,7 +276,8 @@ static void check_providers(report_t *r, const json_t *providers)
 {
   size_t i;
   json_t *p;
-  json_array_foreach(providers, i, p) {
+  json_array_foreach(providers, i, p)
+  {
     const char *name = json_string_value(json_object_get(p, "name"));
     const char *type = json_string_value(json_object_get(p, "type"));
     char label[80], detail[512], fix[1024];
@@ -293,7 +297,8 @@ static void check_providers(report_t *r, const json_t *providers)
         break;
       o += (size_t)w;
     }
-    snprintf(detail, sizeof(detail), "adapter type '%s' is unknown to this build", type ? type : "?");
+    snprintf(detail, sizeof(detail), "adapter type '%s' is unknown to this build",
+             type ? type : "?");
     char fix2[1200];
     snprintf(fix2, sizeof(fix2), "use one of: %s", n ? fix : "(no adapters built in)");
     check(r, "FAIL", label, detail, fix2);
@@ -371,7 +376,8 @@ static void check_gateway(report_t *r, const cli_t *c)
   rv = cli_http(c, "GET", "/v1/providers", NULL, 0, NULL, &resp, err, sizeof(err));
   if (rv != 0)
     return;
-  snprintf(detail, sizeof(detail), "key from %s: GET /v1/providers -> %d", c->key_source, resp.status);
+  snprintf(detail, sizeof(detail), "key from %s: GET /v1/providers -> %d", c->key_source,
+           resp.status);
   int ok = resp.status >= 200 && resp.status < 300;
   check(r, ok ? "OK" : "FAIL", "api key", detail,
         ok ? NULL : "the key is wrong or revoked: pass the right one with --key / OSR_KEY");
@@ -395,10 +401,12 @@ int cli_cmd_doctor(cli_t *c, int argc, char **argv)
   }
   json_t *redacted = NULL;
   if (rv != 0) {
-    check(&r, "FAIL", "config", err, "fix the file/variable/flag named above (docs/configuration.md)");
+    check(&r, "FAIL", "config", err,
+          "fix the file/variable/flag named above (docs/configuration.md)");
   } else {
     char detail[4200];
-    snprintf(detail, sizeof(detail), "%s", cfg.config_file ? cfg.config_file : "defaults + environment");
+    snprintf(detail, sizeof(detail), "%s",
+             cfg.config_file ? cfg.config_file : "defaults + environment");
     check(&r, "OK", "config", detail, NULL);
     redacted = osr_gw_config_to_json_redacted(&cfg);
     /* The modules log their reconnect attempts; the check lines say it all. */

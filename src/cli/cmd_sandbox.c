@@ -101,8 +101,10 @@ static int sandbox_body(const char *cmd, int argc, char **argv, json_t **out, co
     } else if (OPT("--region")) {
       json_object_set_new(sub_obj(b, "capabilities"), "region", json_string(v));
     } else if (OPT("--isolation")) {
-      if (strcmp(v, "container") != 0 && strcmp(v, "gvisor") != 0 && strcmp(v, "firecracker") != 0) {
-        rv = cli_usage_error(cmd, "--isolation wants container, gvisor or firecracker, got '%s'", v);
+      if (strcmp(v, "container") != 0 && strcmp(v, "gvisor") != 0 &&
+          strcmp(v, "firecracker") != 0) {
+        rv =
+            cli_usage_error(cmd, "--isolation wants container, gvisor or firecracker, got '%s'", v);
         break;
       }
       json_object_set_new(sub_obj(b, "capabilities"), "isolation", json_string(v));
@@ -220,35 +222,44 @@ int cli_cmd_create(cli_t *c, int argc, char **argv)
 static void print_plan(const json_t *plan)
 {
   const json_t *provs = json_object_get(plan, "providers");
-  static const char *const head[] = {"ORDER", "PROVIDER", "TYPE", "ELIGIBLE", "ISOLATION",
-                                     "REGION", "COST/H", "SCORE", "COST", "LATENCY", "RELIAB",
-                                     "REGION-AFF"};
+  static const char *const head[] = {"ORDER",     "PROVIDER", "TYPE",   "ELIGIBLE",
+                                     "ISOLATION", "REGION",   "COST/H", "SCORE",
+                                     "COST",      "LATENCY",  "RELIAB", "REGION-AFF"};
   cli_table_t t;
   cli_table_init(&t, 12, head);
   size_t i;
   json_t *p;
-  json_array_foreach(provs, i, p) {
+  json_array_foreach(provs, i, p)
+  {
     char b[12][128];
     const char *row[12] = {
-        cli_field(p, "order", b[0], 128),        cli_field(p, "name", b[1], 128),
-        cli_field(p, "type", b[2], 128),         cli_field(p, "eligible", b[3], 128),
-        cli_field(p, "isolation", b[4], 128),    cli_field(p, "region", b[5], 128),
-        cli_field(p, "costPerHour", b[6], 128),  cli_field(p, "score.total", b[7], 128),
-        cli_field(p, "score.cost", b[8], 128),   cli_field(p, "score.latency", b[9], 128),
-        cli_field(p, "score.reliability", b[10], 128), cli_field(p, "score.region", b[11], 128),
+        cli_field(p, "order", b[0], 128),
+        cli_field(p, "name", b[1], 128),
+        cli_field(p, "type", b[2], 128),
+        cli_field(p, "eligible", b[3], 128),
+        cli_field(p, "isolation", b[4], 128),
+        cli_field(p, "region", b[5], 128),
+        cli_field(p, "costPerHour", b[6], 128),
+        cli_field(p, "score.total", b[7], 128),
+        cli_field(p, "score.cost", b[8], 128),
+        cli_field(p, "score.latency", b[9], 128),
+        cli_field(p, "score.reliability", b[10], 128),
+        cli_field(p, "score.region", b[11], 128),
     };
     cli_table_add(&t, row);
   }
   cli_table_print(&t, stdout);
 
   printf("\nfilters:\n");
-  json_array_foreach(provs, i, p) {
+  json_array_foreach(provs, i, p)
+  {
     char nb[128];
     printf("  %s:", cli_field(p, "name", nb, sizeof(nb)));
     const json_t *fl = json_object_get(p, "filters");
     size_t j;
     json_t *f;
-    json_array_foreach(fl, j, f) {
+    json_array_foreach(fl, j, f)
+    {
       char fb[64], rb[256];
       json_t *passed = json_object_get(f, "passed");
       const char *mark = json_is_true(passed) ? "ok" : json_is_false(passed) ? "FAILED" : "skipped";
@@ -261,7 +272,7 @@ static void print_plan(const json_t *plan)
   char ob[1024];
   const json_t *order = json_object_get(plan, "order");
   printf("\norder: %s\n", json_array_size(order) ? cli_field(plan, "order", ob, sizeof(ob))
-                                                : "none (no capable provider)");
+                                                 : "none (no capable provider)");
 }
 
 int cli_cmd_plan(cli_t *c, int argc, char **argv)
@@ -356,7 +367,8 @@ int cli_cmd_ls(cli_t *c, int argc, char **argv)
     }
     json_array_extend(items, json_object_get(r.json, "items"));
     const char *next = json_string_value(json_object_get(r.json, "nextCursor"));
-    int again = all && next != NULL && next[0] != '\0' && (cursor == NULL || strcmp(cursor, next) != 0);
+    int again =
+        all && next != NULL && next[0] != '\0' && (cursor == NULL || strcmp(cursor, next) != 0);
     osr_free(cursor);
     cursor = again ? osr_xstrdup(next) : NULL;
     if (!again && !all && next != NULL && !c->json)
@@ -374,13 +386,14 @@ int cli_cmd_ls(cli_t *c, int argc, char **argv)
     osr_json_free(s);
     json_decref(j);
   } else if (rv == CLI_OK && !c->json) {
-    static const char *const head[] = {"ID", "STATE", "PROVIDER", "REGION", "ISOLATION", "TEMPLATE",
-                                       "CREATED", "EXPIRES"};
+    static const char *const head[] = {"ID",        "STATE",    "PROVIDER", "REGION",
+                                       "ISOLATION", "TEMPLATE", "CREATED",  "EXPIRES"};
     cli_table_t t;
     cli_table_init(&t, 8, head);
     size_t i;
     json_t *s;
-    json_array_foreach(items, i, s) {
+    json_array_foreach(items, i, s)
+    {
       char b[8][128];
       const char *row[8] = {cli_field(s, "id", b[0], 128),
                             cli_field(s, "state", b[1], 128),

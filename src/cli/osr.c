@@ -51,8 +51,8 @@ typedef struct cmd_s {
 } cmd_t;
 
 static const cmd_t cmds[] = {
-    {"create", "osr create [flags]", "Create a sandbox and print it (id, binding, data-plane URL, token).\n",
-     cli_cmd_create, 1},
+    {"create", "osr create [flags]",
+     "Create a sandbox and print it (id, binding, data-plane URL, token).\n", cli_cmd_create, 1},
     {"plan", "osr plan [flags]",
      "Dry run of placement: every provider, whether it passed each filter and why not,\n"
      "its score and the order in which providers would be tried. Nothing is created.\n",
@@ -109,7 +109,8 @@ static void cmd_help(const cmd_t *cmd)
   if (cmd->sandbox_flags) {
     fputs(sandbox_flags, stdout);
     if (strcmp(cmd->name, "create") == 0)
-      fputs("  --idempotency-key K   retrying with the same key returns the same sandbox\n", stdout);
+      fputs("  --idempotency-key K   retrying with the same key returns the same sandbox\n",
+            stdout);
   }
   fputc('\n', stdout);
   fputs(global_help, stdout);
@@ -177,7 +178,8 @@ int main(int argc, char **argv)
       c.json = 1;
     } else if (strcmp(argv[i], "--h2c") == 0) {
       c.h2c = 1;
-    } else if ((cmdname == NULL || (strcmp(cmdname, "create") != 0 && strcmp(cmdname, "plan") != 0)) &&
+    } else if ((cmdname == NULL ||
+                (strcmp(cmdname, "create") != 0 && strcmp(cmdname, "plan") != 0)) &&
                (m = cli_opt(argc, argv, &i, "--timeout", &v)) != 0) {
       goto timeout;
     } else if ((m = cli_opt(argc, argv, &i, "--request-timeout", &v)) != 0) {

@@ -42,12 +42,12 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-#define CFG_FILE_MAX (1024 * 1024)
-#define CFG_DEPTH_MAX 32
-#define CFG_NODES_MAX 10000
-#define CFG_SECRET_MAX (64 * 1024)
+#define CFG_FILE_MAX      (1024 * 1024)
+#define CFG_DEPTH_MAX     32
+#define CFG_NODES_MAX     10000
+#define CFG_SECRET_MAX    (64 * 1024)
 #define CFG_PROVIDERS_MAX 64
-#define CFG_PATH_MAX 256
+#define CFG_PATH_MAX      256
 
 /* ========================================================================== */
 /* Stage 1: YAML -> JSON                                                       */
@@ -92,7 +92,8 @@ static int all_digits(const char *s, size_t n, int base)
     return 0;
   for (size_t i = 0; i < n; i++) {
     char c = s[i];
-    int ok = base == 16 ? ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))
+    int ok = base == 16
+                 ? ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))
              : base == 8 ? (c >= '0' && c <= '7')
                          : (c >= '0' && c <= '9');
     if (!ok)
@@ -143,8 +144,9 @@ static int scalar_to_json(yconv_t *yc, const yaml_event_t *ev, json_t **out)
   static const char *const nulls[] = {"", "~", "null", "Null", "NULL", NULL};
   static const char *const trues[] = {"true", "True", "TRUE", NULL};
   static const char *const falses[] = {"false", "False", "FALSE", NULL};
-  static const char *const specials[] = {".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF", "-.inf",
-                                         "-.Inf", "-.INF", ".nan", ".NaN", ".NAN", NULL};
+  static const char *const specials[] = {".inf",  ".Inf",  ".INF",  "+.inf", "+.Inf",
+                                         "+.INF", "-.inf", "-.Inf", "-.INF", ".nan",
+                                         ".NaN",  ".NAN",  NULL};
   const char *s = (const char *)ev->data.scalar.value;
   size_t n = ev->data.scalar.length;
   size_t line = ev->start_mark.line + 1;
@@ -153,7 +155,8 @@ static int scalar_to_json(yconv_t *yc, const yaml_event_t *ev, json_t **out)
 
   if (tag != NULL) {
     static const char prefix[] = "tag:yaml.org,2002:";
-    if (strncmp(tag, prefix, sizeof(prefix) - 1) != 0 || strcmp(tag + sizeof(prefix) - 1, "map") == 0 ||
+    if (strncmp(tag, prefix, sizeof(prefix) - 1) != 0 ||
+        strcmp(tag + sizeof(prefix) - 1, "map") == 0 ||
         strcmp(tag + sizeof(prefix) - 1, "seq") == 0)
       return yfail(yc, line, "tag %s is not supported", tag);
     force = tag + sizeof(prefix) - 1;
@@ -324,8 +327,8 @@ static int convert(yconv_t *yc, yaml_event_t *ev, const char *path, int depth, j
       if (child.data.scalar.anchor != NULL || strlen(k) != klen || klen == 0 ||
           json_object_get(node, k) != NULL) {
         int dup = klen != 0 && strlen(k) == klen && child.data.scalar.anchor == NULL;
-        rv = yfail(yc, kline, "%s%s%.*s: %s", path, path[0] ? "." : "", (int)(klen > 64 ? 64 : klen),
-                   k, dup ? "duplicate key" : "invalid key");
+        rv = yfail(yc, kline, "%s%s%.*s: %s", path, path[0] ? "." : "",
+                   (int)(klen > 64 ? 64 : klen), k, dup ? "duplicate key" : "invalid key");
         yaml_event_delete(&child);
         goto out;
       }
@@ -431,18 +434,18 @@ int osr_gw_config_parse_yaml(const char *buf, size_t len, json_t **out, char *er
 
 /* Where values come from, for error messages. */
 typedef struct src_s {
-  const char *name;   /* file name, "OSR_PROVIDERS", "--providers" */
-  const json_t *lines;/* key path -> line (files only) */
-  const char *dir;    /* base for relative {file:} paths; NULL = cwd */
+  const char *name;    /* file name, "OSR_PROVIDERS", "--providers" */
+  const json_t *lines; /* key path -> line (files only) */
+  const char *dir;     /* base for relative {file:} paths; NULL = cwd */
 } src_t;
 
 typedef struct ld_s {
   osr_gw_config_t *cfg;
-  json_t *own;        /* == cfg->_owned */
+  json_t *own; /* == cfg->_owned */
   char *err;
   size_t errlen;
   /* Providers and prices are checked once the winning source is known. */
-  json_t *prov;       /* borrowed from own["_prov_raw"] */
+  json_t *prov; /* borrowed from own["_prov_raw"] */
   src_t prov_src;
   json_t *prices;
   src_t prices_src;
@@ -456,13 +459,14 @@ static int ld_fail(ld_t *ld, const src_t *src, const char *path, const char *fmt
   if (ld->errlen == 0)
     return OSR_EINVAL;
   int n;
-  json_t *line = (src != NULL && src->lines != NULL && path != NULL) ? json_object_get(src->lines, path)
-                                                                       : NULL;
+  json_t *line = (src != NULL && src->lines != NULL && path != NULL)
+                     ? json_object_get(src->lines, path)
+                     : NULL;
   if (src == NULL)
     n = snprintf(ld->err, ld->errlen, "%s: ", path != NULL ? path : "config");
   else if (line != NULL)
-    n = snprintf(ld->err, ld->errlen, "%s:%lld: %s: ", src->name, (long long)json_integer_value(line),
-                 path != NULL ? path : "(top)");
+    n = snprintf(ld->err, ld->errlen, "%s:%lld: %s: ", src->name,
+                 (long long)json_integer_value(line), path != NULL ? path : "(top)");
   else if (path != NULL && path[0] != '\0')
     n = snprintf(ld->err, ld->errlen, "%s: %s: ", src->name, path);
   else
@@ -479,14 +483,21 @@ static int ld_fail(ld_t *ld, const src_t *src, const char *path, const char *fmt
 static const char *type_name(const json_t *v)
 {
   switch (json_typeof(v)) {
-  case JSON_OBJECT: return "a mapping";
-  case JSON_ARRAY: return "a list";
-  case JSON_STRING: return "a string";
-  case JSON_INTEGER: return "an integer";
-  case JSON_REAL: return "a number";
+  case JSON_OBJECT:
+    return "a mapping";
+  case JSON_ARRAY:
+    return "a list";
+  case JSON_STRING:
+    return "a string";
+  case JSON_INTEGER:
+    return "an integer";
+  case JSON_REAL:
+    return "a number";
   case JSON_TRUE:
-  case JSON_FALSE: return "a boolean";
-  default: return "null";
+  case JSON_FALSE:
+    return "a boolean";
+  default:
+    return "null";
   }
 }
 
@@ -557,7 +568,8 @@ static int check_keys(ld_t *ld, const src_t *src, const char *path, const json_t
 {
   const char *k;
   json_t *v;
-  json_object_foreach((json_t *)obj, k, v) {
+  json_object_foreach((json_t *)obj, k, v)
+  {
     int ok = 0;
     for (const char *const *w = known; *w != NULL && !ok; w++)
       ok = strcmp(*w, k) == 0;
@@ -638,11 +650,17 @@ static int parse_strategy(const char *s, osr_policy_t *p)
 static const char *strategy_name(const osr_policy_t *p, char *buf, size_t len)
 {
   switch (p->strategy) {
-  case OSR_STRATEGY_COST: return "cost";
-  case OSR_STRATEGY_LATENCY: return "latency";
-  case OSR_STRATEGY_ORDER: return "order";
-  case OSR_STRATEGY_PIN: snprintf(buf, len, "pin:%s", p->pin); return buf;
-  default: return "balanced";
+  case OSR_STRATEGY_COST:
+    return "cost";
+  case OSR_STRATEGY_LATENCY:
+    return "latency";
+  case OSR_STRATEGY_ORDER:
+    return "order";
+  case OSR_STRATEGY_PIN:
+    snprintf(buf, len, "pin:%s", p->pin);
+    return buf;
+  default:
+    return "balanced";
   }
 }
 
@@ -671,8 +689,8 @@ static int name_list(ld_t *ld, const src_t *src, const char *path, const json_t 
 
 static int apply_policy(ld_t *ld, const src_t *src, const json_t *v)
 {
-  static const char *const keys[] = {"strategy", "allow", "deny", "max_cost_per_hour",
-                                     "on_provider_degraded", NULL};
+  static const char *const keys[] = {
+      "strategy", "allow", "deny", "max_cost_per_hour", "on_provider_degraded", NULL};
   osr_policy_t *p = &ld->cfg->default_policy;
   if (want_obj(ld, src, "policy", v) != 0 || check_keys(ld, src, "policy", v, keys) != 0)
     return OSR_EINVAL;
@@ -709,9 +727,9 @@ static int apply_policy(ld_t *ld, const src_t *src, const json_t *v)
 
 static int apply_breaker(ld_t *ld, const src_t *src, const json_t *v)
 {
-  static const char *const keys[] = {"window", "min_requests", "failure_ratio",
-                                     "consecutive_failures", "open_ms", "max_open_ms",
-                                     "half_open_probes", NULL};
+  static const char *const keys[] = {
+      "window",  "min_requests", "failure_ratio",    "consecutive_failures",
+      "open_ms", "max_open_ms",  "half_open_probes", NULL};
   osr_breaker_config_t *b = &ld->cfg->breaker;
   if (want_obj(ld, src, "breaker", v) != 0 || check_keys(ld, src, "breaker", v, keys) != 0)
     return OSR_EINVAL;
@@ -754,10 +772,17 @@ static int apply_breaker(ld_t *ld, const src_t *src, const json_t *v)
 
 static int apply_limits(ld_t *ld, const src_t *src, const json_t *v)
 {
-  static const char *const keys[] = {"max_request_body", "max_url", "max_header_bytes",
-                                     "max_headers", "max_body", "header_timeout_ms",
-                                     "idle_timeout_ms", "h2_max_streams", "h2_window",
-                                     "max_conns", NULL};
+  static const char *const keys[] = {"max_request_body",
+                                     "max_url",
+                                     "max_header_bytes",
+                                     "max_headers",
+                                     "max_body",
+                                     "header_timeout_ms",
+                                     "idle_timeout_ms",
+                                     "h2_max_streams",
+                                     "h2_window",
+                                     "max_conns",
+                                     NULL};
   osr_http_limits_t *l = &ld->cfg->http_limits;
   if (want_obj(ld, src, "limits", v) != 0 || check_keys(ld, src, "limits", v, keys) != 0)
     return OSR_EINVAL;
@@ -781,16 +806,36 @@ static int apply_limits(ld_t *ld, const src_t *src, const json_t *v)
     if (want_u64(ld, src, path, x, tab[i].min, tab[i].max, &u) != 0)
       return OSR_EINVAL;
     switch (i) {
-    case 0: ld->cfg->max_request_body = (size_t)u; break;
-    case 1: l->max_url = (size_t)u; break;
-    case 2: l->max_header_bytes = (size_t)u; break;
-    case 3: l->max_headers = (size_t)u; break;
-    case 4: l->max_body = u; break;
-    case 5: l->header_timeout_ms = u; break;
-    case 6: l->idle_timeout_ms = u; break;
-    case 7: l->h2_max_streams = (uint32_t)u; break;
-    case 8: l->h2_window = (uint32_t)u; break;
-    default: l->max_conns = (size_t)u; break;
+    case 0:
+      ld->cfg->max_request_body = (size_t)u;
+      break;
+    case 1:
+      l->max_url = (size_t)u;
+      break;
+    case 2:
+      l->max_header_bytes = (size_t)u;
+      break;
+    case 3:
+      l->max_headers = (size_t)u;
+      break;
+    case 4:
+      l->max_body = u;
+      break;
+    case 5:
+      l->header_timeout_ms = u;
+      break;
+    case 6:
+      l->idle_timeout_ms = u;
+      break;
+    case 7:
+      l->h2_max_streams = (uint32_t)u;
+      break;
+    case 8:
+      l->h2_window = (uint32_t)u;
+      break;
+    default:
+      l->max_conns = (size_t)u;
+      break;
     }
   }
   return 0;
@@ -878,8 +923,8 @@ static json_t *secret_placeholder(const json_t *ref)
 
 static int looks_secret_key(const char *k)
 {
-  static const char *const words[] = {"key", "token", "secret", "password", "passwd", "credential",
-                                      "auth"};
+  static const char *const words[] = {"key",    "token",      "secret", "password",
+                                      "passwd", "credential", "auth"};
   for (size_t i = 0; i < OSR_ARRAY_SIZE(words); i++)
     if (strcasestr(k, words[i]) != NULL)
       return 1;
@@ -899,7 +944,8 @@ static int resolve_tree(ld_t *ld, const src_t *src, const char *path, json_t *v,
     const char *k;
     json_t *x;
     void *tmp;
-    json_object_foreach_safe(v, tmp, k, x) {
+    json_object_foreach_safe(v, tmp, k, x)
+    {
       char sub[CFG_PATH_MAX];
       path_join_key(sub, path, k);
       if (is_secret_ref(x)) {
@@ -1038,20 +1084,23 @@ static int finish_prices(ld_t *ld)
     return 0;
   if (want_obj(ld, src, "prices", v) != 0)
     return OSR_EINVAL;
-  json_object_foreach(v, pname, pv) {
+  json_object_foreach(v, pname, pv)
+  {
     char path[CFG_PATH_MAX];
     path_join_key(path, "prices", pname);
     int found = 0;
     for (size_t i = 0; i < json_array_size(ld->cfg->providers) && !found; i++)
-      found = strcmp(json_string_value(json_object_get(json_array_get(ld->cfg->providers, i), "name")),
-                     pname) == 0;
+      found =
+          strcmp(json_string_value(json_object_get(json_array_get(ld->cfg->providers, i), "name")),
+                 pname) == 0;
     if (!found)
       return ld_fail(ld, src, path, "no provider is named '%s'", pname);
     if (want_obj(ld, src, path, pv) != 0 || check_keys(ld, src, path, pv, keys) != 0)
       return OSR_EINVAL;
     const char *k;
     json_t *x;
-    json_object_foreach(pv, k, x) {
+    json_object_foreach(pv, k, x)
+    {
       char sub[CFG_PATH_MAX];
       double d;
       path_join_key(sub, path, k);
@@ -1060,7 +1109,8 @@ static int finish_prices(ld_t *ld)
         json_t *gx;
         if (want_obj(ld, src, sub, x) != 0)
           return OSR_EINVAL;
-        json_object_foreach(x, gk, gx) {
+        json_object_foreach(x, gk, gx)
+        {
           char sub2[CFG_PATH_MAX];
           path_join_key(sub2, sub, gk);
           if (want_num(ld, src, sub2, gx, 0, 1e6, &d) != 0)
@@ -1129,10 +1179,10 @@ static int providers_from_string(ld_t *ld, const src_t *src, const char *s)
 
 static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
 {
-  static const char *const top[] = {"listen", "dataplane", "tls", "data_dir", "store", "redis",
-                                    "admin_key", "providers", "prices", "policy", "sandbox",
-                                    "tokens", "breaker", "reaper", "limits", "drain_ms", "log",
-                                    NULL};
+  static const char *const top[] = {"listen",   "dataplane", "tls",       "data_dir", "store",
+                                    "redis",    "admin_key", "providers", "prices",   "policy",
+                                    "sandbox",  "tokens",    "breaker",   "reaper",   "limits",
+                                    "drain_ms", "log",       NULL};
   osr_gw_config_t *cfg = ld->cfg;
   const char *s;
   json_t *v, *x;
@@ -1289,7 +1339,8 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
     if (want_obj(ld, src, "log", v) != 0 || check_keys(ld, src, "log", v, keys) != 0)
       return OSR_EINVAL;
     if ((x = json_object_get(v, "level")) != NULL &&
-        (want_str(ld, src, "log.level", x, &s) != 0 || apply_log_level(ld, src, "log.level", s) != 0))
+        (want_str(ld, src, "log.level", x, &s) != 0 ||
+         apply_log_level(ld, src, "log.level", s) != 0))
       return OSR_EINVAL;
     if ((x = json_object_get(v, "json")) != NULL) {
       if (want_bool(ld, src, "log.json", x, &b) != 0)
@@ -1452,9 +1503,9 @@ static const struct {
   const char *env;
   const char *key;
 } env_tab[] = {
-    {"OSR_LISTEN", "listen"},     {"OSR_DATAPLANE_LISTEN", "dataplane-listen"},
-    {"OSR_STORE", "store"},       {"OSR_REDIS", "redis"},
-    {"OSR_DATA_DIR", "data-dir"}, {"OSR_PROVIDERS", "providers"},
+    {"OSR_LISTEN", "listen"},       {"OSR_DATAPLANE_LISTEN", "dataplane-listen"},
+    {"OSR_STORE", "store"},         {"OSR_REDIS", "redis"},
+    {"OSR_DATA_DIR", "data-dir"},   {"OSR_PROVIDERS", "providers"},
     {"OSR_ADMIN_KEY", "admin-key"}, {"OSR_LOG_LEVEL", "log-level"},
     {"OSR_LOG_JSON", "log-json"},
 };
@@ -1573,7 +1624,8 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
     const char *dl[] = {"127.0.0.1:7070"};
     set_listen(&ld, dl, 1);
     cfg->dataplane_listen = own_str(&ld, "dataplane_listen", "127.0.0.1:7071");
-    json_object_set_new(ld.own, "_prov_raw", json_pack("[{s:s,s:s}]", "name", "sim", "type", "sim"));
+    json_object_set_new(ld.own, "_prov_raw",
+                        json_pack("[{s:s,s:s}]", "name", "sim", "type", "sim"));
     ld.prov = json_object_get(ld.own, "_prov_raw");
     ld.prov_src.name = "defaults";
     own_str(&ld, "log_level", "info");
@@ -1645,8 +1697,9 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
   }
   if ((cfg->tls_cert == NULL) != (cfg->tls_key == NULL)) {
     src_t tsrc = {json_string_value(json_object_get(ld.own, "_tls_src")), NULL, NULL};
-    rv = ld_fail(&ld, tsrc.name != NULL ? &tsrc : NULL, "tls", "a certificate and a key go together (tls.cert + tls.key, "
-                                   "--tls-cert + --tls-key)");
+    rv = ld_fail(&ld, tsrc.name != NULL ? &tsrc : NULL, "tls",
+                 "a certificate and a key go together (tls.cert + tls.key, "
+                 "--tls-cert + --tls-key)");
     goto out;
   }
   if ((rv = finish_providers(&ld)) != 0)
@@ -1746,11 +1799,14 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
   json_t *listen = json_array();
   for (size_t i = 0; i < cfg->nlisten; i++)
     json_array_append_new(listen, json_string(cfg->listen[i]));
-  json_object_set_new(j, "config_file", cfg->config_file ? json_string(cfg->config_file) : json_null());
+  json_object_set_new(j, "config_file",
+                      cfg->config_file ? json_string(cfg->config_file) : json_null());
   json_object_set_new(j, "listen", listen);
-  json_object_set_new(j, "dataplane", json_pack("{s:s?,s:s?}", "listen", cfg->dataplane_listen, "url",
-                                                cfg->dataplane_url));
-  json_object_set_new(j, "tls", json_pack("{s:s?,s:s?}", "cert", cfg->tls_cert, "key", cfg->tls_key));
+  json_object_set_new(
+      j, "dataplane",
+      json_pack("{s:s?,s:s?}", "listen", cfg->dataplane_listen, "url", cfg->dataplane_url));
+  json_object_set_new(j, "tls",
+                      json_pack("{s:s?,s:s?}", "cert", cfg->tls_cert, "key", cfg->tls_key));
   json_object_set_new(j, "data_dir", json_string(cfg->data_dir ? cfg->data_dir : ""));
   json_object_set_new(j, "store", redact_url(cfg->store_url));
   json_object_set_new(j, "redis", redact_url(cfg->redis_url));
@@ -1761,8 +1817,8 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
     json_object_set_new(j, "admin_key", json_string("generated: <data_dir>/admin.key"));
   json_t *pr = json_object_get(own, "providers_redacted");
   json_object_set_new(j, "providers", pr ? json_deep_copy(pr) : json_array());
-  json_object_set_new(j, "prices", cfg->price_overrides ? json_deep_copy(cfg->price_overrides)
-                                                        : json_object());
+  json_object_set_new(j, "prices",
+                      cfg->price_overrides ? json_deep_copy(cfg->price_overrides) : json_object());
   const osr_policy_t *p = &cfg->default_policy;
   json_t *allow = json_array(), *deny = json_array();
   for (size_t i = 0; i < p->nallow; i++)
@@ -1774,9 +1830,10 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
                                 strategy_name(p, sbuf, sizeof(sbuf)), "allow", allow, "deny", deny,
                                 "max_cost_per_hour", p->max_cost_per_hour, "on_provider_degraded",
                                 p->on_degraded_migrate ? "migrate" : "fail"));
-  json_object_set_new(j, "sandbox", json_pack("{s:I,s:I}", "default_timeout_seconds",
-                                              (json_int_t)cfg->default_timeout_s,
-                                              "max_timeout_seconds", (json_int_t)cfg->max_timeout_s));
+  json_object_set_new(j, "sandbox",
+                      json_pack("{s:I,s:I}", "default_timeout_seconds",
+                                (json_int_t)cfg->default_timeout_s, "max_timeout_seconds",
+                                (json_int_t)cfg->max_timeout_s));
   json_object_set_new(j, "tokens", json_pack("{s:I}", "ttl_seconds", (json_int_t)cfg->token_ttl_s));
   const osr_breaker_config_t *b = &cfg->breaker;
   json_object_set_new(j, "breaker",
@@ -1786,7 +1843,8 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
                                 (json_int_t)b->consecutive_failures, "open_ms",
                                 (json_int_t)b->open_ms, "max_open_ms", (json_int_t)b->max_open_ms,
                                 "half_open_probes", (json_int_t)b->half_open_probes));
-  json_object_set_new(j, "reaper", json_pack("{s:I}", "interval_ms", (json_int_t)cfg->reaper_interval_ms));
+  json_object_set_new(j, "reaper",
+                      json_pack("{s:I}", "interval_ms", (json_int_t)cfg->reaper_interval_ms));
   const osr_http_limits_t *l = &cfg->http_limits;
   json_object_set_new(
       j, "limits",
@@ -1799,34 +1857,41 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
                 "h2_window", (json_int_t)l->h2_window, "max_conns", (json_int_t)l->max_conns));
   json_object_set_new(j, "drain_ms", json_integer((json_int_t)cfg->drain_ms));
   const char *lvl = json_string_value(json_object_get(own, "log_level"));
-  json_object_set_new(j, "log", json_pack("{s:s,s:b}", "level", lvl ? lvl : "info", "json",
-                                          json_is_true(json_object_get(own, "log_json"))));
+  json_object_set_new(j, "log",
+                      json_pack("{s:s,s:b}", "level", lvl ? lvl : "info", "json",
+                                json_is_true(json_object_get(own, "log_json"))));
   return j;
 }
 
 void osr_gw_config_usage(FILE *f, const char *prog)
 {
-  fprintf(f,
-          "usage: %s [options]\n"
-          "Settings come from defaults, then the YAML file, then the environment, then flags.\n"
-          "  --config FILE            YAML configuration file (env OSR_CONFIG); see docs/configuration.md\n"
-          "  --listen ADDR            API listener, repeatable (default 127.0.0.1:7070; env OSR_LISTEN,\n"
-          "                           comma list). ADDR is IP:PORT, [IPv6]:PORT or unix:/path\n"
-          "  --dataplane-listen ADDR  data-plane listener (default 127.0.0.1:7071; env OSR_DATAPLANE_LISTEN)\n"
-          "  --store URL              sqlite:PATH or postgres://... (default sqlite:<data-dir>/osr.db;\n"
-          "                           env OSR_STORE)\n"
-          "  --redis URL              redis://host:port[/db] or unix:/path; 'none' = no Redis\n"
-          "                           (default none; env OSR_REDIS)\n"
-          "  --data-dir DIR           state directory (default ~/.local/share/osr; env OSR_DATA_DIR)\n"
-          "  --providers LIST         JSON array of {name,type,...} or a comma list of adapter types,\n"
-          "                           e.g. sim,sim (default sim; env OSR_PROVIDERS)\n"
-          "  --tls-cert FILE          PEM certificate chain; with --tls-key the API speaks HTTPS\n"
-          "  --tls-key FILE           PEM private key\n"
-          "  --drain-ms N             grace for in-flight requests on SIGTERM (default 10000)\n"
-          "  --log-level LEVEL        trace|debug|info|warn|error|off (default info; env OSR_LOG_LEVEL)\n"
-          "  --log-json               JSON log lines (env OSR_LOG_JSON=1)\n"
-          "  --help                   this text\n"
-          "Environment only: OSR_ADMIN_KEY (the admin API key; otherwise one is generated at first\n"
-          "start into <data-dir>/admin.key, mode 0600).\n",
-          prog);
+  fprintf(
+      f,
+      "usage: %s [options]\n"
+      "Settings come from defaults, then the YAML file, then the environment, then flags.\n"
+      "  --config FILE            YAML configuration file (env OSR_CONFIG); see "
+      "docs/configuration.md\n"
+      "  --listen ADDR            API listener, repeatable (default 127.0.0.1:7070; env "
+      "OSR_LISTEN,\n"
+      "                           comma list). ADDR is IP:PORT, [IPv6]:PORT or unix:/path\n"
+      "  --dataplane-listen ADDR  data-plane listener (default 127.0.0.1:7071; env "
+      "OSR_DATAPLANE_LISTEN)\n"
+      "  --store URL              sqlite:PATH or postgres://... (default "
+      "sqlite:<data-dir>/osr.db;\n"
+      "                           env OSR_STORE)\n"
+      "  --redis URL              redis://host:port[/db] or unix:/path; 'none' = no Redis\n"
+      "                           (default none; env OSR_REDIS)\n"
+      "  --data-dir DIR           state directory (default ~/.local/share/osr; env OSR_DATA_DIR)\n"
+      "  --providers LIST         JSON array of {name,type,...} or a comma list of adapter types,\n"
+      "                           e.g. sim,sim (default sim; env OSR_PROVIDERS)\n"
+      "  --tls-cert FILE          PEM certificate chain; with --tls-key the API speaks HTTPS\n"
+      "  --tls-key FILE           PEM private key\n"
+      "  --drain-ms N             grace for in-flight requests on SIGTERM (default 10000)\n"
+      "  --log-level LEVEL        trace|debug|info|warn|error|off (default info; env "
+      "OSR_LOG_LEVEL)\n"
+      "  --log-json               JSON log lines (env OSR_LOG_JSON=1)\n"
+      "  --help                   this text\n"
+      "Environment only: OSR_ADMIN_KEY (the admin API key; otherwise one is generated at first\n"
+      "start into <data-dir>/admin.key, mode 0600).\n",
+      prog);
 }

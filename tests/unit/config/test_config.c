@@ -20,10 +20,10 @@
 
 static char tmpdir[256];
 
-static const char *const osr_env[] = {"OSR_LISTEN",   "OSR_DATAPLANE_LISTEN", "OSR_STORE",
-                                      "OSR_REDIS",    "OSR_DATA_DIR",         "OSR_PROVIDERS",
-                                      "OSR_ADMIN_KEY", "OSR_LOG_LEVEL",       "OSR_LOG_JSON",
-                                      "OSR_CONFIG",   "T_SECRET"};
+static const char *const osr_env[] = {
+    "OSR_LISTEN",   "OSR_DATAPLANE_LISTEN", "OSR_STORE",     "OSR_REDIS",
+    "OSR_DATA_DIR", "OSR_PROVIDERS",        "OSR_ADMIN_KEY", "OSR_LOG_LEVEL",
+    "OSR_LOG_JSON", "OSR_CONFIG",           "T_SECRET"};
 
 static int setup(void **state)
 {
@@ -62,7 +62,8 @@ static int load(osr_gw_config_t *cfg, char *err, size_t errlen, ...)
   int argc = 0;
   va_list ap;
   va_start(ap, errlen);
-  for (const char *a = va_arg(ap, const char *); a != NULL && argc < 32; a = va_arg(ap, const char *))
+  for (const char *a = va_arg(ap, const char *); a != NULL && argc < 32;
+       a = va_arg(ap, const char *))
     argv[argc++] = (char *)a;
   va_end(ap);
   return osr_gw_config_load(cfg, argc, argv, err, errlen);
@@ -141,10 +142,11 @@ static void yaml_rejects(void **state)
 static void yaml_alias_bomb(void **state)
 {
   (void)state;
-  const char *bomb = "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n"
-                     "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
-                     "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
-                     "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n";
+  const char *bomb =
+      "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n"
+      "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+      "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+      "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n";
   parse_fails(bomb, strlen(bomb), "not supported");
 }
 
@@ -231,26 +233,26 @@ static void defaults(void **state)
 static void file_values(void **state)
 {
   (void)state;
-  const char *f = write_file("osr.yaml",
-                             "listen: [\"127.0.0.1:9000\", \"[::1]:9001\"]\n"
-                             "dataplane: {listen: \"0.0.0.0:9100\", url: \"https://dp.example\"}\n"
-                             "data_dir: /srv/osr\n"
-                             "redis: redis://127.0.0.1:6379/2\n"
-                             "providers:\n"
-                             "  - {name: a, type: sim, latency_ms: 5}\n"
-                             "  - {name: b, type: sim}\n"
-                             "prices: {a: {vcpu_per_s: 0.00001, gpu_per_s: {a100: 0.001}}}\n"
-                             "policy: {strategy: \"pin:a\", allow: [a], deny: [b], max_cost_per_hour: 2,\n"
-                             "         on_provider_degraded: migrate}\n"
-                             "sandbox: {default_timeout_seconds: 60, max_timeout_seconds: 600}\n"
-                             "tokens: {ttl_seconds: 120}\n"
-                             "breaker: {window: 50, min_requests: 5, failure_ratio: 0.25,\n"
-                             "          consecutive_failures: 3, open_ms: 100, max_open_ms: 1000,\n"
-                             "          half_open_probes: 2}\n"
-                             "reaper: {interval_ms: 250}\n"
-                             "limits: {max_request_body: 4096, max_headers: 50}\n"
-                             "drain_ms: 1500\n"
-                             "log: {level: warn, json: false}\n");
+  const char *f = write_file(
+      "osr.yaml", "listen: [\"127.0.0.1:9000\", \"[::1]:9001\"]\n"
+                  "dataplane: {listen: \"0.0.0.0:9100\", url: \"https://dp.example\"}\n"
+                  "data_dir: /srv/osr\n"
+                  "redis: redis://127.0.0.1:6379/2\n"
+                  "providers:\n"
+                  "  - {name: a, type: sim, latency_ms: 5}\n"
+                  "  - {name: b, type: sim}\n"
+                  "prices: {a: {vcpu_per_s: 0.00001, gpu_per_s: {a100: 0.001}}}\n"
+                  "policy: {strategy: \"pin:a\", allow: [a], deny: [b], max_cost_per_hour: 2,\n"
+                  "         on_provider_degraded: migrate}\n"
+                  "sandbox: {default_timeout_seconds: 60, max_timeout_seconds: 600}\n"
+                  "tokens: {ttl_seconds: 120}\n"
+                  "breaker: {window: 50, min_requests: 5, failure_ratio: 0.25,\n"
+                  "          consecutive_failures: 3, open_ms: 100, max_open_ms: 1000,\n"
+                  "          half_open_probes: 2}\n"
+                  "reaper: {interval_ms: 250}\n"
+                  "limits: {max_request_body: 4096, max_headers: 50}\n"
+                  "drain_ms: 1500\n"
+                  "log: {level: warn, json: false}\n");
   osr_gw_config_t cfg;
   char err[512];
   assert_int_equal(load(&cfg, err, sizeof(err), "--config", f, NULL), 0);
@@ -262,8 +264,8 @@ static void file_values(void **state)
   assert_string_equal(cfg.store_url, "sqlite:/srv/osr/osr.db"); /* derived from data_dir */
   assert_string_equal(cfg.redis_url, "redis://127.0.0.1:6379/2");
   assert_int_equal(json_array_size(cfg.providers), 2);
-  assert_int_equal(json_integer_value(json_object_get(json_array_get(cfg.providers, 0), "latency_ms")),
-                   5);
+  assert_int_equal(
+      json_integer_value(json_object_get(json_array_get(cfg.providers, 0), "latency_ms")), 5);
   assert_non_null(json_object_get(cfg.price_overrides, "a"));
   assert_int_equal(cfg.default_policy.strategy, OSR_STRATEGY_PIN);
   assert_string_equal(cfg.default_policy.pin, "a");
@@ -312,8 +314,9 @@ static void precedence(void **state)
   osr_gw_config_dispose(&cfg);
 
   /* Flags beat the environment; repeated --listen accumulates. */
-  assert_int_equal(load(&cfg, err, sizeof(err), "--listen", "127.0.0.1:3001", "--listen=127.0.0.1:3002",
-                        "--store", "postgres://u@h/db", "--drain-ms", "7", NULL),
+  assert_int_equal(load(&cfg, err, sizeof(err), "--listen", "127.0.0.1:3001",
+                        "--listen=127.0.0.1:3002", "--store", "postgres://u@h/db", "--drain-ms",
+                        "7", NULL),
                    0);
   assert_int_equal(cfg.nlisten, 2);
   assert_string_equal(cfg.listen[0], "127.0.0.1:3001");
@@ -341,10 +344,12 @@ static void providers_env(void **state)
                         "[{\"name\":\"x\",\"type\":\"sim\",\"fail_rate\":0.5}]", NULL),
                    0);
   assert_int_equal(json_array_size(cfg.providers), 1);
-  assert_string_equal(json_string_value(json_object_get(json_array_get(cfg.providers, 0), "name")), "x");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(cfg.providers, 0), "name")),
+                      "x");
   osr_gw_config_dispose(&cfg);
 
-  assert_int_equal(load(&cfg, err, sizeof(err), "--providers", "[{\"name\":\"x\"}]", NULL), OSR_EINVAL);
+  assert_int_equal(load(&cfg, err, sizeof(err), "--providers", "[{\"name\":\"x\"}]", NULL),
+                   OSR_EINVAL);
   assert_non_null(strstr(err, "--providers"));
   assert_non_null(strstr(err, "type"));
 }
@@ -416,11 +421,13 @@ static void errors(void **state)
       {"drain_ms: soon\n", ":1: drain_ms: expected an integer, got a string"},
       {"log: {level: loud}\n", "log.level: 'loud' is not one of"},
       {"policy:\n  strategy: cheapest\n", ":2: policy.strategy"},
-      {"providers:\n  - {name: a, type: sim}\n  - {name: a, type: sim}\n", ":3: providers[1].name: "
-                                                                           "provider name 'a' is used twice"},
+      {"providers:\n  - {name: a, type: sim}\n  - {name: a, type: sim}\n",
+       ":3: providers[1].name: "
+       "provider name 'a' is used twice"},
       {"providers:\n  - {name: a}\n", "providers[0]: a provider needs a type"},
       {"prices: {zzz: {vcpu_per_s: 1}}\n", "prices.zzz: no provider is named 'zzz'"},
-      {"sandbox: {default_timeout_seconds: 10, max_timeout_seconds: 5}\n", "above max_timeout_seconds"},
+      {"sandbox: {default_timeout_seconds: 10, max_timeout_seconds: 5}\n",
+       "above max_timeout_seconds"},
       {"tls: {cert: a.pem}\n", "go together"},
       {"breaker: {window: 100000}\n", "breaker.window: 100000 is out of range"},
       {"- 1\n- 2\n", "top level must be a mapping"},
@@ -441,7 +448,8 @@ static void errors(void **state)
   assert_int_equal(load(&cfg, err, sizeof(err), "--store", NULL), OSR_EINVAL);
   assert_non_null(strstr(err, "needs a value"));
   assert_int_equal(load(&cfg, err, sizeof(err), "--drain-ms", "-1", NULL), OSR_EINVAL);
-  assert_int_equal(load(&cfg, err, sizeof(err), "--config", "/nonexistent/osr.yaml", NULL), OSR_EINVAL);
+  assert_int_equal(load(&cfg, err, sizeof(err), "--config", "/nonexistent/osr.yaml", NULL),
+                   OSR_EINVAL);
   assert_non_null(strstr(err, "/nonexistent/osr.yaml"));
   setenv("OSR_LOG_JSON", "maybe", 1);
   assert_int_equal(load(&cfg, err, sizeof(err), NULL), OSR_EINVAL);
