@@ -15,8 +15,10 @@
  * addresses only (the host is resolved with uv_getaddrinfo first); in-flight
  * commands per connection are capped (max_inflight; above it calls fail with
  * OSR_EAGAIN instead of growing hiredis's output buffer); reply sizes are
- * capped through the reader's maxbuf/maxelements; nothing is freed before
- * hiredis's disconnect callback ran.
+ * capped (hiredis 0.14 has no maxelements and buffers a whole bulk reply,
+ * so redis.c caps buffered bytes after each read and wraps the reader's
+ * object functions; a reply over the cap costs the connection, which is
+ * rebuilt); nothing is freed before hiredis has let go of both contexts.
  *
  * Callback contract as everywhere: 0 → the callback fires exactly once on the
  * loop thread; an error return → it never fires.

@@ -1115,6 +1115,43 @@ static void test_handshake_refused(void **state)
   loop_finish();
 }
 
+static void test_auth(void **state)
+{
+  osr_redis_t *r;
+  sub_t s;
+  char url[160], out[64];
+  (void)state;
+
+  memset(&s, 0, sizeof(s));
+  redis_fresh();
+  cli(out, sizeof(out), "CONFIG SET requirepass s3cret");
+  assert_string_equal(out, "OK");
+  loop_start();
+  /* Without the password the PING of the handshake is refused. */
+  r = client(redis_url, 2000, 0);
+  run_for(600);
+  assert_false(osr_redis_is_connected(r));
+  client_close(r);
+  /* With it, both connections authenticate (":password@" form). */
+  snprintf(url, sizeof(url), "redis://:s3cret@127.0.0.1:%d", redis_port);
+  r = client(url, 2000, 0);
+  assert_int_equal(osr_redis_subscribe(r, on_invalidate, &s), 0);
+  assert_true(connected_flag(r));
+  cli(out, sizeof(out), "-a s3cret --no-auth-warning PING");
+  assert_string_equal(out, "PONG");
+  for (int i = 0; i < 200 && s.count == 0; i++) {
+    if (i % 20 == 0)
+      assert_int_equal(do_invalidate(r, "authed"), 0);
+    run_for(10);
+  }
+  assert_true(s.count >= 1);
+  assert_string_equal(s.seen[0], "authed");
+  client_close(r);
+  loop_finish();
+  cli(out, sizeof(out), "-a s3cret --no-auth-warning CONFIG SET requirepass ''");
+  assert_string_equal(out, "OK");
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -1132,6 +1169,7 @@ int main(void)
     cmocka_unit_test(test_close_inflight),
     cmocka_unit_test(test_close_variants),
     cmocka_unit_test(test_handshake_refused),
+    cmocka_unit_test(test_auth),
   };
   signal(SIGPIPE, SIG_IGN);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
