@@ -219,7 +219,9 @@ int cli_http(const cli_t *c, const char *method, const char *target, const char 
     if (rv != 0) {
       snprintf(err, errlen, "TLS setup%s%s: %s", c->ca ? " with --ca " : "", c->ca ? c->ca : "",
                osr_strerror(rv));
-      return rv;
+      /* A CA file that cannot be read is the caller's mistake, not the
+       * gateway's: report it as a usage error. */
+      return OSR_EINVAL;
     }
     opts.tls = ctx;
   }

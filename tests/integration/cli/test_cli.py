@@ -501,6 +501,27 @@ class ExitCodes(unittest.TestCase):
             rc, out, err = osr(*args, env=self.s.env())
             self.assertEqual(rc, 2, "%s: %s" % (args, err))
 
+    def test_tls(self):
+        certs = osrtest.Certs()
+        try:
+            s = Serve("--tls-cert", certs.cert, "--tls-key", certs.key)
+            try:
+                url = "https://127.0.0.1:%d" % s.port
+                rc, out, err = osr("providers", "--json", "--url", url, "--ca", certs.ca, env=s.env())
+                self.assertEqual(rc, 0, err)
+                self.assertIn("sim", out)
+                # without our CA the certificate does not verify: unreachable
+                rc, out, err = osr("providers", "--url", url, env=s.env())
+                self.assertEqual(rc, 3, err)
+                # an unreadable --ca is a usage error
+                rc, out, err = osr("providers", "--url", url, "--ca", "/nonexistent.pem", env=s.env())
+                self.assertEqual(rc, 2, err)
+                self.assertIn("/nonexistent.pem", err)
+            finally:
+                s.close()
+        finally:
+            certs.cleanup()
+
     def test_api_error(self):
         rc, out, err = osr("create", "--strategy", "fastest", env=self.s.env())
         self.assertEqual(rc, 1, err)
