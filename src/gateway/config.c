@@ -623,30 +623,6 @@ out:
   return rv;
 }
 
-static int parse_strategy(const char *s, osr_policy_t *p)
-{
-  static const struct {
-    const char *name;
-    osr_strategy_t v;
-  } tab[] = {{"balanced", OSR_STRATEGY_BALANCED},
-             {"cost", OSR_STRATEGY_COST},
-             {"latency", OSR_STRATEGY_LATENCY},
-             {"order", OSR_STRATEGY_ORDER}};
-  for (size_t i = 0; i < OSR_ARRAY_SIZE(tab); i++) {
-    if (strcmp(s, tab[i].name) == 0) {
-      p->strategy = tab[i].v;
-      p->pin[0] = '\0';
-      return 0;
-    }
-  }
-  if (strncmp(s, "pin:", 4) == 0 && s[4] != '\0' && strlen(s + 4) < OSR_NAME_MAX) {
-    p->strategy = OSR_STRATEGY_PIN;
-    snprintf(p->pin, sizeof(p->pin), "%s", s + 4);
-    return 0;
-  }
-  return OSR_EINVAL;
-}
-
 static const char *strategy_name(const osr_policy_t *p, char *buf, size_t len)
 {
   switch (p->strategy) {
@@ -699,7 +675,7 @@ static int apply_policy(ld_t *ld, const src_t *src, const json_t *v)
   if ((x = json_object_get(v, "strategy")) != NULL) {
     if (want_str(ld, src, "policy.strategy", x, &s) != 0)
       return OSR_EINVAL;
-    if (parse_strategy(s, p) != 0)
+    if (osr_strategy_parse(s, p) != 0)
       return ld_fail(ld, src, "policy.strategy",
                      "'%s' is not one of cost, latency, balanced, order, pin:<provider>", s);
   }
