@@ -1247,7 +1247,7 @@ static void run_batch(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t 
       }
       if (rv != 0) {
         req_reset_out(reqs[i]);
-        reqs[i]->status = rv;
+        reqs[i]->status = rv; /* OSR_EINVAL stays; database codes become unavailable */
       }
     }
   }
@@ -1440,7 +1440,8 @@ int osr_store_update(osr_store_t *st, const osr_binding_t *b, osr_store_done_cb 
 {
   osr__req_t *r;
 
-  if (st == NULL || b == NULL || !binding_strings_ok(b) || b->id[0] == '\0')
+  if (st == NULL || b == NULL || !binding_strings_ok(b) || b->id[0] == '\0' ||
+      b->state < OSR_BINDING_CREATING || b->state > OSR_BINDING_LOST)
     return OSR_EINVAL;
   if (st->closing)
     return OSR_ECLOSED;

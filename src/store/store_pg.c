@@ -261,6 +261,10 @@ static int classify(pg_db_t *d, PGresult *res, const char *what)
     return OSR_ECONFLICT;
   if (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0)
     return OSR_EAGAIN;
+  /* Data exceptions (e.g. 22021: bytes that are not UTF-8) are about this
+   * request's values: it alone fails, with OSR_EINVAL. */
+  if (strncmp(state, "22", 2) == 0)
+    return OSR_EINVAL;
   /* Connection exceptions, shutdown/crash of the server, resource limits. */
   if (strncmp(state, "08", 2) == 0 || strncmp(state, "57P", 3) == 0 || strncmp(state, "53", 2) == 0 ||
       strncmp(state, "58", 2) == 0)

@@ -429,6 +429,9 @@ static void test_bad_args(void **state)
   memset(b.tenant, 'x', sizeof(b.tenant)); /* not terminated */
   assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &r), OSR_EINVAL);
   assert_int_equal(osr_store_get(c.st, NULL, "", on_binding, &r), OSR_EINVAL);
+  mk_binding(&b, "tenant-bad", NULL, 1000);
+  b.state = (osr_binding_state_t)0;
+  assert_int_equal(osr_store_update(c.st, &b, on_done, &r), OSR_EINVAL);
 
   memset(&q, 0, sizeof(q));
   q.cursor = "garbage";
@@ -1302,6 +1305,48 @@ static void test_pg_two_gateways(void **state)
   ctx_close(&a);
 }
 
+/* One request PostgreSQL rejects (bytes that are not UTF-8) in a burst that
+ * shares its group-commit transaction: it alone fails, with OSR_EINVAL; the
+ * others are retried on their own and succeed. */
+static void test_pg_bad_request_in_batch(void **state)
+{
+  enum { N = 40 };
+  ctx_t c;
+  osr_binding_t b[N];
+  res_t r[N];
+  char tenant[40];
+  int i;
+  (void)state;
+
+  if (!g_pg)
+    skip();
+  uniq(tenant, sizeof(tenant), "t-batch-");
+  ctx_open(&c);
+  for (i = 0; i < N; i++) {
+    mk_binding(&b[i], tenant, NULL, 1700000000000 + i);
+    if (i == N / 2)
+      snprintf(b[i].idem_key, sizeof(b[i].idem_key), "bad-\xff\xfe");
+    memset(&r[i], 0, sizeof(r[i]));
+    assert_int_equal(osr_store_create_intent(c.st, &b[i], on_binding, &r[i]), 0);
+  }
+  for (i = 0; i < N; i++) {
+    wait_for(&c.loop, &r[i].done, 1);
+    if (i == N / 2) {
+      assert_int_equal(r[i].status, OSR_EINVAL);
+    } else {
+      assert_int_equal(r[i].status, 0);
+      assert_int_equal(r[i].created, 1);
+    }
+    res_free(&r[i]);
+  }
+  for (i = 0; i < N; i++) {
+    sync_get(&c, tenant, b[i].id, &r[0]);
+    assert_int_equal(r[0].status, i == N / 2 ? OSR_ENOTFOUND : 0);
+    res_free(&r[0]);
+  }
+  ctx_close(&c);
+}
+
 /* ---- child sub-commands ----------------------------------------------------------------------- */
 
 static int child_get(const char *url, const char *id)
@@ -1368,6 +1413,7 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_sqlite_file_mode),
     cmocka_unit_test(test_sqlite_unusable_path),
     cmocka_unit_test(test_pg_two_gateways),
+    cmocka_unit_test(test_pg_bad_request_in_batch),
     cmocka_unit_test(test_pg_outage),
     cmocka_unit_test(test_pg_outage_at_open),
   };
