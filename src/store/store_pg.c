@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,12 +95,27 @@ static int has_param(const char *params, const char *name)
   return 0;
 }
 
+/* Append to a bounded buffer; once full, *len passes cap and stays there
+ * (the caller checks len < cap) instead of writing past the end. */
+static void kappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) OSR_PRINTF(4, 5);
+static void kappend(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+  va_list ap;
+  int n;
+  if (*len >= cap)
+    return;
+  va_start(ap, fmt);
+  n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  *len = n < 0 ? cap : *len + (size_t)n;
+}
+
 static int pg_configure(osr_store_t *st, const char *url)
 {
   osr__store_cfg_t *cfg = osr__store_cfg_mut(st);
   const char *q = strchr(url, '?');
   size_t base_len = q != NULL ? (size_t)(q - url) : strlen(url);
-  size_t cap = strlen(url) + 160;
+  size_t cap = strlen(url) + 512; /* our defaults add < 300 bytes */
   char *out = osr_xmalloc(cap), *kept = osr_xmalloc(cap);
   const char *p;
   size_t klen = 0;
@@ -130,21 +146,28 @@ static int pg_configure(osr_store_t *st, const char *url)
       }
       cfg->pool = (int)v;
     } else if (n > 0) {
-      klen += (size_t)snprintf(kept + klen, cap - klen, "%s%.*s", klen > 0 ? "&" : "", (int)n, p);
+      kappend(kept, cap, &klen, "%s%.*s", klen > 0 ? "&" : "", (int)n, p);
     }
     p = amp != NULL ? amp + 1 : NULL;
   }
   if (rv == 0) {
     static const char *const defaults[][2] = {
       {"connect_timeout", "2"}, {"keepalives", "1"}, {"keepalives_idle", "10"},
-      {"keepalives_interval", "2"}, {"keepalives_count", "3"}, {"application_name", "osr-gateway"},
+      {"keepalives_interval", "2"}, {"keepalives_count", "3"}, {"tcp_user_timeout", "10000"},
+      {"application_name", "osr-gateway"},
+      /* No statement of ours runs long; one that does is waiting on
+       * something broken. "-c statement_timeout=10000", URI-encoded. */
+      {"options", "-c%20statement_timeout%3D10000"},
     };
     size_t i;
     for (i = 0; i < OSR_ARRAY_SIZE(defaults); i++)
       if (!has_param(kept, defaults[i][0]))
-        klen += (size_t)snprintf(kept + klen, cap - klen, "%s%s=%s", klen > 0 ? "&" : "",
-                                 defaults[i][0], defaults[i][1]);
-    snprintf(out, cap, "%.*s?%s", (int)base_len, url, kept);
+        kappend(kept, cap, &klen, "%s%s=%s", klen > 0 ? "&" : "", defaults[i][0], defaults[i][1]);
+    if (klen >= cap || (size_t)snprintf(out, cap, "%.*s?%s", (int)base_len, url, kept) >= cap) {
+      osr_free(kept);
+      osr_free(out);
+      return OSR_EINVAL; /* cannot happen with the cap above; never pass a cut URI */
+    }
     /* Let libpq judge the URI now, so a typo is OSR_EINVAL from open and
      * not an endless stream of "unavailable". */
     opts = PQconninfoParse(out, &errmsg);

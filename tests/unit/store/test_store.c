@@ -1274,7 +1274,7 @@ static void test_pg_two_gateways(void **state)
   open2_t o;
   osr_binding_t x[2 * N];
   res_t r[2 * N];
-  char tenant[40];
+  char tenant[40], url2[1200];
   int i, created = 0;
   (void)state;
 
@@ -1283,7 +1283,11 @@ static void test_pg_two_gateways(void **state)
   uniq(tenant, sizeof(tenant), "t-2gw-");
   ctx_open(&a);
   memset(&o, 0, sizeof(o));
-  assert_int_equal(osr_store_open(&a.loop, g_url, on_open2, &o, &b), 0);
+  /* The second gateway's URL carries our pool size and libpq parameters
+   * that replace our defaults. */
+  snprintf(url2, sizeof(url2), "%s?pool=3&connect_timeout=5&application_name=osr-test-2"
+           "&options=-c%%20statement_timeout%%3D5000", g_url);
+  assert_int_equal(osr_store_open(&a.loop, url2, on_open2, &o, &b), 0);
   wait_for(&a.loop, &o.done, 1);
   assert_int_equal(o.status[0], 0);
   for (i = 0; i < 2 * N; i++) {
