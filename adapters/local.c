@@ -837,6 +837,12 @@ static int write_bundle(const lop_t *op)
     "path", "rootfs", "readonly", 1, "hostname", "sandbox", "mounts", mounts, "linux",
     "namespaces", "type", "pid", "type", "ipc", "type", "uts", "type", "mount", "type", "network",
     "cgroupsPath", cgpath, "resources", res);
+  if (cfg != NULL && op->token[0] == '\0') {
+    /* No token: drop "--token-file F" (the agent runs open, as envd). */
+    json_t *args = json_object_get(json_object_get(cfg, "process"), "args");
+    json_array_remove(args, 4);
+    json_array_remove(args, 3);
+  }
   if (cfg == NULL)
     return OSR_ENOMEM;
   char *s = json_dumps(cfg, JSON_INDENT(1));
@@ -1323,8 +1329,10 @@ static int spawn_container(lop_t *op)
   a[n++] = L_AGENT_IN;
   a[n++] = "--listen";
   a[n++] = "unix:/run/osr/agent.sock";
-  a[n++] = "--token-file";
-  a[n++] = "/run/osr-secret/token";
+  if (op->token[0] != '\0') { /* no token: the agent runs open (envd semantics) */
+    a[n++] = "--token-file";
+    a[n++] = "/run/osr-secret/token";
+  }
   a[n] = NULL;
 
   /* The seccomp program is handed over as fd 3 (read by bwrap). A pipe is
@@ -1533,6 +1541,12 @@ static void op_next(lop_t *op)
   if (op->status != 0 && (op->kind == K_CREATE || op->kind == K_POOL) && sb->doomed &&
       op->step != S_KILL_RUNSC && op->step != S_DELETE_RUNSC && op->step != S_CLEAN)
     op->step = S_DONE;
+  /* A pool create cut short by close tears its sandbox down: nobody
+   * else would ever find an unlabelled warm sandbox. */
+  if (op->cancelled && op->kind == K_POOL && !sb->doomed) {
+    start_destroy_steps(op);
+    return;
+  }
   if (op->cancelled && op->step != S_CLEAN && op->step != S_KILL_RUNSC &&
       op->step != S_DELETE_RUNSC && op->step != S_DONE) {
     op_finish(op);
@@ -2375,6 +2389,14 @@ static void maybe_close_done(lp_t *lp)
 static void local_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
 {
   lp_t *lp = p->impl;
+  /* Warm-pool sandboxes carry no label and no usable token: they must not
+   * outlive the provider. Their destroys run to completion before close
+   * finishes (destroy ops are never cancelled). */
+  for (lsb_t *s = lp->sbx, *next; s != NULL; s = next) {
+    next = s->next;
+    if (s->warm && !s->doomed && !s->creating)
+      local_destroy(p, s->id, on_ttl_destroyed, NULL);
+  }
   lp->closing = 1;
   lp->close_cb = cb;
   /* In-flight ops answer ECANCELED at their next step; work and commands
@@ -2382,9 +2404,11 @@ static void local_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
    * safely), and a create that was cancelled leaves its sandbox to be
    * found by the next scan. */
   for (lop_t *op = lp->ops; op != NULL; op = op->next) {
-    if (op->delivered)
+    if (op->delivered || op->kind == K_DESTROY || op->kind == K_TTL)
       continue;
     op->cancelled = 1;
+    if (op->kind == K_POOL)
+      continue; /* tears down at its next step (op_next) */
     if (op->pending == 0) {
       uv_timer_stop(&op->timer);
       op_finish(op);

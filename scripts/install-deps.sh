@@ -13,7 +13,8 @@ build_pkgs=(
   node-llhttp android-libboringssl-dev libssl-dev
 )
 # Independent protocol peers the tests drive against our servers and clients.
-test_pkgs=(curl nghttp2-client openssl nodejs npm python3 iproute2 procps redis-server postgresql util-linux)
+test_pkgs=(curl nghttp2-client openssl nodejs npm python3 iproute2 procps redis-server postgresql util-linux
+  bubblewrap runsc crun tar)
 bench_pkgs=(nginx-light libnginx-mod-http-echo wrk haproxy hyperfine)
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}")
