@@ -95,6 +95,21 @@ static int has_param(const char *params, const char *name)
   return 0;
 }
 
+static int has_param_value(const char *params, const char *name, const char *value)
+{
+  size_t n = strlen(name), vn = strlen(value);
+  const char *p = params;
+  while (p != NULL && *p != '\0') {
+    if (strncmp(p, name, n) == 0 && p[n] == '=' && strncmp(p + n + 1, value, vn) == 0 &&
+        (p[n + 1 + vn] == '&' || p[n + 1 + vn] == '\0'))
+      return 1;
+    p = strchr(p, '&');
+    if (p != NULL)
+      p++;
+  }
+  return 0;
+}
+
 /* Append to a bounded buffer; once full, *len passes cap and stays there
  * (the caller checks len < cap) instead of writing past the end. */
 static void kappend(char *buf, size_t cap, size_t *len, const char *fmt, ...) OSR_PRINTF(4, 5);
@@ -160,6 +175,22 @@ static int pg_configure(osr_store_t *st, const char *url)
       {"options", "-c%20statement_timeout%3D10000"},
     };
     size_t i;
+#if defined(OSR_TLS_BORINGSSL)
+    /* Debian's libpq links OpenSSL 3 while this build links BoringSSL: both
+     * export the same SSL_* symbols into one process, so libpq's TLS code
+     * would run against BoringSSL's. Keep libpq away from TLS entirely and
+     * refuse URLs that demand it (build with -Dtls=openssl for TLS to
+     * PostgreSQL, or reach it over a private network / unix socket). */
+    if (has_param(kept, "sslmode") && !has_param_value(kept, "sslmode", "disable")) {
+      OSR_LOG_WARN("store", "postgres: sslmode other than disable needs an OSR build with "
+                            "-Dtls=openssl (libpq uses OpenSSL; this build uses BoringSSL)");
+      osr_free(kept);
+      osr_free(out);
+      return OSR_EINVAL;
+    }
+    if (!has_param(kept, "sslmode"))
+      kappend(kept, cap, &klen, "%ssslmode=disable", klen > 0 ? "&" : "");
+#endif
     for (i = 0; i < OSR_ARRAY_SIZE(defaults); i++)
       if (!has_param(kept, defaults[i][0]))
         kappend(kept, cap, &klen, "%s%s=%s", klen > 0 ? "&" : "", defaults[i][0], defaults[i][1]);
