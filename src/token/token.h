@@ -1,0 +1,122 @@
+/*
+ * Binding tokens: what the gateway signs and the data plane verifies offline.
+ *
+ * A token grants its bearer access to one sandbox's data plane (exec, files,
+ * ports) until it expires. It is also what the E2B-compatible front door
+ * hands out as `envdAccessToken`, so the e2b SDK sends it as X-Access-Token.
+ *
+ * Wire format (ASCII, URL- and header-safe):
+ *     "osr1." base64url(payload) "." base64url(signature)
+ * payload = a msgpack map (msgpack-c) with short keys:
+ *     "sid" sandbox id, "ten" tenant, "prv" provider, "ep" agent endpoint,
+ *     "scp" scope bits (uint), "prt" array of allowed ports (absent = none,
+ *     [0] = all), "iat"/"exp" unix seconds, "kid" key id, "jti" token id
+ * signature = Ed25519 over the bytes "osr1." base64url(payload), with the
+ * key named by "kid" (EVP_PKEY_ED25519 in BoringSSL and OpenSSL 3).
+ *
+ * Verification is offline: a keyring of public keys (several active at once
+ * for rotation); an unknown kid fails closed. Decoding is bounded (token
+ * length, msgpack depth and sizes) and never trusts the payload before the
+ * signature checked out.
+ */
+#ifndef OSR_TOKEN_TOKEN_H
+#define OSR_TOKEN_TOKEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osr/common.h"
+
+#define OSR_TOKEN_MAX 2048          /* longest token accepted */
+#define OSR_TOKEN_KID_MAX 32
+
+/* Token errors (the data plane maps them to 401 / 403). */
+#define OSR_ETOKEN_MALFORMED (-32001) /* 401 */
+#define OSR_ETOKEN_SIGNATURE (-32002) /* 401 */
+#define OSR_ETOKEN_EXPIRED (-32003)   /* 401 */
+#define OSR_ETOKEN_UNKNOWN_KEY (-32004) /* 401: kid not in the keyring */
+#define OSR_ETOKEN_REVOKED (-32005)   /* 401 */
+#define OSR_ETOKEN_SANDBOX (-32006)   /* 403: token for another sandbox */
+#define OSR_ETOKEN_SCOPE (-32007)     /* 403: scope not granted */
+#define OSR_ETOKEN_PORT (-32008)      /* 403: port not granted */
+
+const char *osr_token_strerror(int err);
+
+enum {
+  OSR_SCOPE_EXEC = 1u << 0,
+  OSR_SCOPE_FILES = 1u << 1,
+  OSR_SCOPE_PORTS = 1u << 2,
+  OSR_SCOPE_ALL = OSR_SCOPE_EXEC | OSR_SCOPE_FILES | OSR_SCOPE_PORTS,
+};
+
+#define OSR_TOKEN_PORTS_MAX 32
+
+typedef struct osr_token_claims_s {
+  char sandbox_id[40];
+  char tenant[64];
+  char provider[64];
+  char agent_endpoint[256];
+  unsigned scopes;
+  uint16_t ports[OSR_TOKEN_PORTS_MAX]; /* allowed ports when !all_ports */
+  size_t nports;
+  int all_ports;
+  int64_t iat;                          /* unix seconds */
+  int64_t exp;
+  char kid[OSR_TOKEN_KID_MAX];
+  char jti[33];                         /* 32 hex chars */
+} osr_token_claims_t;
+
+typedef struct osr_keyring_s osr_keyring_t;
+
+/** An empty keyring. */
+osr_keyring_t *osr_keyring_new(void);
+void osr_keyring_free(osr_keyring_t *kr);
+
+/** Add a signing key (32-byte Ed25519 seed) under `kid`; the public half is
+ *  derived. The first signing key added is the one osr_token_sign uses
+ *  unless osr_keyring_set_active() says otherwise. */
+int osr_keyring_add_private(osr_keyring_t *kr, const char *kid, const uint8_t seed[32]);
+/** Add a verify-only key (32-byte Ed25519 public key). */
+int osr_keyring_add_public(osr_keyring_t *kr, const char *kid, const uint8_t pub[32]);
+int osr_keyring_set_active(osr_keyring_t *kr, const char *kid);
+
+/**
+ * Load keys from a directory (off the loop thread: call from a worker or at
+ * start-up): every "<kid>.key" file holds a 64-hex-char seed (a private key)
+ * and every "<kid>.pub" 64 hex chars (public). "active" (optional) names the
+ * signing kid. With `create` set and no private key present, a new key is
+ * generated and written (mode 0600). Returns 0 or an error naming the file
+ * in `err`.
+ */
+int osr_keyring_load_dir(osr_keyring_t *kr, const char *dir, int create, char *err, size_t errlen);
+
+/** Public keys as JSON text {"keys":[{"kid":..,"alg":"Ed25519","pub":hex}]}
+ *  (for distributing to data planes). Heap string (osr_free). */
+char *osr_keyring_public_json(const osr_keyring_t *kr);
+/** Load public keys from that JSON. */
+int osr_keyring_add_public_json(osr_keyring_t *kr, const char *json, size_t len);
+
+/** Sign `c` (kid and jti are filled in if empty). `out` gets a NUL-terminated
+ *  token; returns its length or an error (OSR_E2BIG if outlen is too small). */
+int osr_token_sign(const osr_keyring_t *kr, osr_token_claims_t *c, char *out, size_t outlen);
+
+/** Verify signature and expiry (with `leeway_s` seconds of clock skew) and
+ *  decode the claims. Returns 0 or an OSR_ETOKEN_* code. */
+int osr_token_verify(const osr_keyring_t *kr, const char *tok, size_t len, int64_t now_s,
+                     int64_t leeway_s, osr_token_claims_t *out);
+
+/** May these claims reach `sandbox_id` with `scope` (and `port`, for
+ *  OSR_SCOPE_PORTS)? Returns 0 or OSR_ETOKEN_SANDBOX/SCOPE/PORT. */
+int osr_token_allows(const osr_token_claims_t *c, const char *sandbox_id, unsigned scope,
+                     uint16_t port);
+
+/** Revocation list: sandbox ids killed recently. A token for a revoked
+ *  sandbox is refused until its own expiry; entries expire after `ttl_s`
+ *  (the longest token lifetime). Fed by the Redis invalidation channel. */
+typedef struct osr_revocations_s osr_revocations_t;
+osr_revocations_t *osr_revocations_new(size_t max_entries, int64_t ttl_s);
+void osr_revocations_free(osr_revocations_t *r);
+void osr_revocations_add(osr_revocations_t *r, const char *sandbox_id, int64_t now_s);
+int osr_revocations_contains(osr_revocations_t *r, const char *sandbox_id, int64_t now_s);
+
+#endif
