@@ -560,6 +560,7 @@ static void usage(FILE *f)
           "  --error NAME             capacity|rate_limited|timeout|unavailable|auth|invalid\n"
           "  --seed N                 PRNG seed for reproducible failures\n"
           "  --state-file PATH        keep resources in PATH across restarts\n"
+          "  --idle-timeout-ms N      close idle client connections after N ms (default 60000)\n"
           "  --log-level LEVEL        trace|debug|info|warn|error\n"
           "  --help                   this text\n");
 }
@@ -578,6 +579,7 @@ int main(int argc, char **argv)
 {
   const char *listen[8];
   size_t nlisten = 0;
+  uint64_t idle_ms = 0;
   json_t *cfg = json_pack("{s:s,s:s,s:b,s:[sss]}", "name", "osr-sim", "type", "sim", "accept_any",
                           1, "isolation", "container", "gvisor", "firecracker");
 
@@ -585,6 +587,7 @@ int main(int argc, char **argv)
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       usage(stdout);
+      json_decref(cfg);
       return 0;
     }
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -615,6 +618,11 @@ int main(int argc, char **argv)
       json_object_set_new(cfg, "error", json_string(v));
     else if (strcmp(a, "--state-file") == 0)
       state_file = v;
+    else if (strcmp(a, "--idle-timeout-ms") == 0) {
+      char *end;
+      idle_ms = strtoull(v, &end, 10);
+      bad = *v == '\0' || *end != '\0' || idle_ms == 0;
+    }
     else if (strcmp(a, "--log-level") == 0) {
       osr_log_level_t l;
       if (osr_log_parse_level(v, &l) != 0)
@@ -650,8 +658,12 @@ int main(int argc, char **argv)
   }
   json_decref(cfg);
   prov.adapter->describe(&prov, &prov.info);
-  if (state_file != NULL && load_state() != 0)
+  if (state_file != NULL && load_state() != 0) {
+    prov.adapter->close(&prov, NULL);
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_loop_close(loop);
     return 1;
+  }
   osr__sim_set_on_change(&prov, on_change, NULL);
 
   osr_http_server_opts_t opts;
@@ -661,11 +673,17 @@ int main(int argc, char **argv)
   opts.limits.max_body = MAX_BODY;
   /* Many concurrent creates arrive on one HTTP/2 connection. */
   opts.limits.h2_max_streams = 1024;
+  opts.limits.idle_timeout_ms = idle_ms;
   server = osr_http_server_new(loop, &opts);
   for (size_t i = 0; i < nlisten; i++) {
     int rv = osr_http_server_listen(server, listen[i], NULL);
     if (rv != 0) {
       fprintf(stderr, "osr-sim: listen %s: %s\n", listen[i], osr_strerror(rv));
+      /* Close what exists and let the loop finish the closes. */
+      osr_http_server_close(server, 0, NULL, NULL);
+      prov.adapter->close(&prov, NULL);
+      uv_run(loop, UV_RUN_DEFAULT);
+      uv_loop_close(loop);
       return 1;
     }
     printf("listening %s %d\n", listen[i], osr_http_server_port(server, i));

@@ -339,6 +339,26 @@ static void test_contract_concurrent(void **state)
   assert_int_equal(sync_calls, 0);
 }
 
+static void test_contract_reconnect(void **state)
+{
+  (void)state;
+  /* In url mode (osr-sim started with a short --idle-timeout-ms) the
+   * server closes the idle connection between these creates; the adapter
+   * must notice and reconnect rather than fail. */
+  osr_provider_t *p = sim_new("{\"latency_ms\": 1}");
+  for (int i = 0; i < 3; i++) {
+    res_t c, d;
+    create_sync(p, uid("sbx-reconnect"), &c);
+    assert_int_equal(c.status, 0);
+    destroy_sync(p, c.res.provider_id, &d);
+    assert_int_equal(d.status, 0);
+    int never = 0;
+    run_until(&never, 400);
+  }
+  sim_free(p);
+  assert_int_equal(sync_calls, 0);
+}
+
 /* ---- sim knobs (in-process) --------------------------------------------------- */
 
 static void test_failure_rate_all(void **state)
@@ -558,6 +578,7 @@ int main(void)
     cmocka_unit_test(test_contract_bad_args),
     cmocka_unit_test(test_contract_close_inflight),
     cmocka_unit_test(test_contract_concurrent),
+    cmocka_unit_test(test_contract_reconnect),
   };
   const struct CMUnitTest local[] = {
     cmocka_unit_test(test_failure_rate_all),
@@ -568,6 +589,9 @@ int main(void)
     cmocka_unit_test(test_config_errors),
     cmocka_unit_test(test_url_refused),
   };
+  printf("sim adapter contract, %s mode%s%s\n", sim_url != NULL ? "url" : "in-process",
+         sim_url != NULL ? ": " : "", sim_url != NULL ? sim_url : "");
+  fflush(stdout);
   int rc = cmocka_run_group_tests_name(sim_url != NULL ? "contract (url mode)" : "contract",
                                        contract, NULL, NULL);
   if (sim_url == NULL)
