@@ -1803,6 +1803,9 @@ static void op_next(lop_t *op)
         continue;
       }
       sb_insert(lp, f);
+      if (!f->warm)
+        OSR_LOG_INFO(MOD, "provider '%s': adopted %s (sandbox %s, %s) from an earlier run",
+                     lp->p->name, f->id, f->sandbox_id, f->stopped ? "stopped" : "running");
       if (f->warm) {
         if (first || !f->ready)
           local_destroy(lp->p, f->id, on_ttl_destroyed, NULL);
@@ -2145,10 +2148,14 @@ static int start_create(lp_t *lp, const osr_sandbox_spec_t *spec, osr_isolation_
       json_t *envs = json_object();
       for (size_t off = 0; off < op->env_len;) {
         const char *kv = op->env_blob + off;
-        const char *eq = strchr(kv, '=');
-        char key[128];
-        fmt(key, sizeof(key), "%.*s", (int)(eq - kv), kv);
-        json_object_set_new(envs, key, json_string(eq + 1));
+        const char *eq = strchr(kv, '='); /* env_pack wrote KEY=VALUE */
+        if (eq != NULL) {
+          char key[128];
+          size_t kl = (size_t)(eq - kv) < sizeof(key) ? (size_t)(eq - kv) : sizeof(key) - 1;
+          memcpy(key, kv, kl);
+          key[kl] = '\0';
+          json_object_set_new(envs, key, json_string(eq + 1));
+        }
         off += strlen(kv) + 1;
       }
       json_t *body = json_pack("{s:s, s:o}", "accessToken", op->token, "envVars", envs);
@@ -2345,8 +2352,6 @@ static void on_kick_list(osr_provider_t *p, int status, const osr_resource_t *re
   (void)data;
   if (status != 0 && status != OSR_ECANCELED)
     OSR_LOG_WARN(MOD, "provider '%s': initial scan failed: %s", p->name, osr_strerror(status));
-  else if (status == 0 && n > 0)
-    OSR_LOG_INFO(MOD, "provider '%s': found %zu sandboxes of an earlier run", p->name, n);
 }
 
 static void on_kick(uv_timer_t *t)

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Time to interactive (TTI) of the local provider, as the computesdk
+benchmarks measure it: from create() to the first byte of a command's
+output, per isolation class, cold and from the warm pool, sequential and as
+a burst of concurrent creates. Reports median, p95, p99 and success rate.
+
+  bench/tti_bench.py --build build-release [--classes container,gvisor]
+                     [-n 100] [--burst 100] [--warm N]
+
+It drives the adapter through tests/integration/local/local_driver (one
+process = one "gateway"), runs `echo ready` through the osr-agent of each new
+sandbox over its unix socket, and destroys every sandbox it made. Needs root
+(cgroups, tmpfs mounts, runsc)."""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration", "local"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
+
+
+def pct(xs, p):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, int(round(p / 100.0 * len(xs) + 0.5)) - 1))
+    return xs[k]
+
+
+def first_byte(sb):
+    """Start `echo ready` and return when the first output byte arrives."""
+    import base64
+    import struct
+    import test_local as T
+    c = T.UnixHTTP(sb.sock, timeout=60)
+    body = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "echo ready"]}}).encode()
+    c.request("POST", "/process.Process/Start", body=struct.pack(">BI", 0, len(body)) + body,
+              headers={"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1",
+                       "X-Access-Token": sb.token})
+    r = c.getresponse()
+    ok = False
+    while r.status == 200:
+        h = r.read(5)
+        if len(h) < 5:
+            break
+        flags, n = struct.unpack(">BI", h)
+        m = json.loads(r.read(n)) if n else {}
+        if flags & 2:
+            break
+        d = m.get("event", {}).get("data", {})
+        if d.get("stdout") and base64.b64decode(d["stdout"]):
+            ok = True
+            break
+    c.close()
+    return ok
+
+
+def one(d, cls, results, lock):
+    import test_local as T
+    tok = "tok-" + os.urandom(8).hex()
+    t0 = time.perf_counter()
+    a = d.call("create", timeout=120, **{"class": cls, "sandbox_id": "b-" + os.urandom(4).hex(),
+                                         "token": tok})
+    ok = False
+    if a["status"] == "ok":
+        sb = T.Sandbox(a["resource"], tok)
+        try:
+            ok = first_byte(sb)
+        except Exception:  # noqa: BLE001 - a failed sample is counted, not fatal
+            ok = False
+    ms = (time.perf_counter() - t0) * 1000.0
+    with lock:
+        results.append((ok, ms, a.get("status"), a.get("resource", {}).get("provider_id")))
+
+
+def run(d, cls, n, concurrent):
+    results, lock = [], threading.Lock()
+    if concurrent:
+        ts = [threading.Thread(target=one, args=(d, cls, results, lock)) for _ in range(n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+    else:
+        for _ in range(n):
+            one(d, cls, results, lock)
+    for _, _, _, pid in results:
+        if pid:
+            d.call("destroy", provider_id=pid, timeout=120)
+    good = [ms for ok, ms, _, _ in results if ok]
+    errs = sorted({st for ok, _, st, _ in results if not ok})
+    return {"n": n, "ok": len(good), "success": len(good) / float(n) if n else 0.0,
+            "p50": statistics.median(good) if good else float("nan"), "p95": pct(good, 95),
+            "p99": pct(good, 99), "errors": errs}
+
+
+def wait_pool(state, cls, want, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        have = 0
+        for n in os.listdir(state):
+            try:
+                with open(os.path.join(state, n, "meta.json")) as f:
+                    m = json.load(f)
+                have += bool(m["warm"] and m["ready"] and m["class"] == cls)
+            except (OSError, ValueError):
+                pass
+        if have >= want:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--classes", default="container,gvisor")
+    ap.add_argument("-n", type=int, default=100)
+    ap.add_argument("--burst", type=int, default=100)
+    ap.add_argument("--warm", type=int, default=1, help="warm pool size for the warm runs")
+    args = ap.parse_args()
+    build = os.path.abspath(args.build)
+    os.environ["OSR_LOCAL_DRIVER"] = os.path.join(build, "tests", "integration", "local", "local_driver")
+    os.environ.setdefault("OSR_AGENT", os.path.join(build, "src", "osr-agent"))
+    import test_local as T
+    rows = []
+    for cls in args.classes.split(","):
+        why = T.runtime_problem(cls)
+        if why:
+            print("%s: skipped (%s)" % (cls, why), file=sys.stderr)
+            continue
+        for mode in ("cold", "warm"):
+            state = tempfile.mkdtemp(prefix="osr-tti-", dir="/tmp")
+            os.chmod(state, 0o711)
+            cfg = {"warm_pool": {cls: args.warm}} if mode == "warm" else {}
+            d = T.Driver(state, **cfg)
+            for kind, n, conc in (("sequential", args.n, False), ("burst", args.burst, True)):
+                if mode == "warm" and not wait_pool(state, cls, 1):
+                    rows.append((cls, mode, kind, {"n": n, "ok": 0, "success": 0.0, "p50": float("nan"),
+                                                   "p95": float("nan"), "p99": float("nan"),
+                                                   "errors": ["pool never filled"]}))
+                    continue
+                if mode == "warm" and not conc:
+                    # Sequential warm: let the pool refill between creates.
+                    results, lock = [], threading.Lock()
+                    for _ in range(n):
+                        wait_pool(state, cls, 1, timeout=30)
+                        one(d, cls, results, lock)
+                    for _, _, _, pid in results:
+                        if pid:
+                            d.call("destroy", provider_id=pid, timeout=120)
+                    good = [ms for ok, ms, _, _ in results if ok]
+                    r = {"n": n, "ok": len(good), "success": len(good) / float(n),
+                         "p50": statistics.median(good) if good else float("nan"),
+                         "p95": pct(good, 95), "p99": pct(good, 99),
+                         "errors": sorted({st for ok, _, st, _ in results if not ok})}
+                else:
+                    r = run(d, cls, n, conc)
+                rows.append((cls, mode, kind, r))
+                print("%-9s %-4s %-10s n=%-4d ok=%-4d p50=%8.1f ms  p95=%8.1f ms  p99=%8.1f ms  %s" % (
+                    cls, mode, kind, r["n"], r["ok"], r["p50"], r["p95"], r["p99"],
+                    ",".join(r["errors"])), flush=True)
+            d.close()
+            left = [n for n in os.listdir(state) if n.startswith("l")]
+            if left:
+                print("warning: %d sandboxes left in %s" % (len(left), state), file=sys.stderr)
+            else:
+                import shutil
+                shutil.rmtree(state, ignore_errors=True)
+    print()
+    print("| class | pool | run | n | success | p50 ms | p95 ms | p99 ms | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for cls, mode, kind, r in rows:
+        print("| %s | %s | %s | %d | %.0f %% | %.1f | %.1f | %.1f | %s |" % (
+            cls, mode, kind, r["n"], 100 * r["success"], r["p50"], r["p95"], r["p99"],
+            ", ".join(r["errors"]) or "-"))
+
+
+if __name__ == "__main__":
+    main()
