@@ -593,6 +593,7 @@ int main(int argc, char **argv)
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (v == NULL) {
       fprintf(stderr, "osr-sim: %s needs a value (see --help)\n", a);
+      json_decref(cfg);
       return 2;
     }
     i++;
