@@ -7,6 +7,7 @@
  */
 #include "net/listener.h"
 
+#include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -162,8 +163,17 @@ int osr_listener_new(uv_loop_t *loop, const char *addr, const osr_listener_opts_
       if (rv == 0) {
         snprintf(l->_path, sizeof(l->_path), "%s", a.path);
         int mode = opts != NULL && opts->unix_mode != 0 ? opts->unix_mode : 0600;
-        if (chmod(a.path, (mode_t)mode) != 0)
-          rv = -errno;
+        /* Some sandboxed kernels (gVisor's host-UDS bridge) refuse chmod on
+         * a socket file. The socket still works, and the directory it lives
+         * in is what guards it there, so that case is a warning; any other
+         * failure means the permissions we promised are not in place. */
+        if (chmod(a.path, (mode_t)mode) != 0) {
+          if (errno == EPERM || errno == ENOTSUP)
+            OSR_LOG_WARN("listener", "chmod %s: %s (keeping the default mode)", a.path,
+                         strerror(errno));
+          else
+            rv = -errno;
+        }
       }
     }
   } else {
