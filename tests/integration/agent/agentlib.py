@@ -49,8 +49,12 @@ class Agent:
         self.proc.wait_line("ready")
 
     def stop(self):
+        """SIGTERM the agent (it kills its children) and require a clean
+        exit: a sanitizer report or a leak makes the exit code non-zero."""
         rc = self.proc.stop()
         osrtest.shutil.rmtree(self.dir, ignore_errors=True)
+        if rc != 0:
+            raise AssertionError("osr-agent exited %r:\n%s" % (rc, self.proc.stderr_text()[-6000:]))
         return rc
 
     def __enter__(self):

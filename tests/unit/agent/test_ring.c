@@ -22,7 +22,8 @@ static size_t drain(const osr_ring_t *r, uint64_t off, char *out, int *kinds, si
       return n;
     assert_int_equal((size_t)got, iov[0].len + iov[1].len);
     memcpy(out + n, iov[0].base, iov[0].len);
-    memcpy(out + n + iov[0].len, iov[1].base, iov[1].len);
+    if (iov[1].len > 0)
+      memcpy(out + n + iov[0].len, iov[1].base, iov[1].len);
     for (long i = 0; i < got; i++)
       kinds[n + (size_t)i] = kind;
     n += (size_t)got;
