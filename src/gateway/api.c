@@ -7,7 +7,7 @@
  * A request goes through these steps, each of which may answer early:
  *   1. route      unknown path → 404 not_found; known path, other method →
  *                 405 method_not_allowed with Allow.
- *   2. auth       routes other than health/version/openapi need
+ *   2. auth       routes other than health/version/openapi/signing keys need
  *                 `Authorization: Bearer <key>`; missing/unknown → 401 with
  *                 WWW-Authenticate; a tenant key on an admin route → 403.
  *   3. body       routes that take a body collect it (cap
@@ -72,10 +72,13 @@ static const route_t routes[] = {
     ROUTE("GET", "/v1/sandboxes/{id}", osr_gw_sandbox_get, AUTH_TENANT, 0),
     ROUTE("DELETE", "/v1/sandboxes/{id}", osr_gw_sandbox_delete, AUTH_TENANT, 0),
     ROUTE("POST", "/v1/sandboxes/{id}/timeout", osr_gw_sandbox_timeout, AUTH_TENANT, 1),
+    ROUTE("POST", "/v1/sandboxes/{id}/tokens", osr_gw_sandbox_tokens, AUTH_TENANT, 1),
     ROUTE("POST", "/v1/plan", osr_gw_plan, AUTH_TENANT, 1),
     ROUTE("GET", "/v1/providers", osr_gw_providers_get, AUTH_TENANT, 0),
     ROUTE("POST", "/v1/keys", osr_gw_keys_create, AUTH_ADMIN, 1),
     ROUTE("GET", "/v1/keys", osr_gw_keys_list, AUTH_TENANT, 0),
+    /* Before /v1/keys/{id}, which "signing" would match too. */
+    ROUTE("GET", "/v1/keys/signing", osr_gw_keys_signing, AUTH_NONE, 0),
     ROUTE("DELETE", "/v1/keys/{id}", osr_gw_keys_revoke, AUTH_ADMIN, 0),
     ROUTE("GET", "/v1/audit", osr_gw_audit_list, AUTH_TENANT, 0),
 };

@@ -94,6 +94,7 @@ void osr_gw_sandbox_list(osr_gw_call_t *call);    /* GET    /v1/sandboxes */
 void osr_gw_sandbox_get(osr_gw_call_t *call);     /* GET    /v1/sandboxes/{id} */
 void osr_gw_sandbox_delete(osr_gw_call_t *call);  /* DELETE /v1/sandboxes/{id} */
 void osr_gw_sandbox_timeout(osr_gw_call_t *call); /* POST   /v1/sandboxes/{id}/timeout */
+void osr_gw_sandbox_tokens(osr_gw_call_t *call);  /* POST   /v1/sandboxes/{id}/tokens */
 void osr_gw_plan(osr_gw_call_t *call);            /* POST   /v1/plan */
 void osr_gw_providers_get(osr_gw_call_t *call);   /* GET    /v1/providers */
 
@@ -103,11 +104,24 @@ void osr_gw_keys_list(osr_gw_call_t *call);       /* GET    /v1/keys (admin: all
 void osr_gw_keys_revoke(osr_gw_call_t *call);     /* DELETE /v1/keys/{id} (admin) */
 void osr_gw_audit_list(osr_gw_call_t *call);      /* GET    /v1/audit */
 
+/* Binding tokens (tokens.c). */
+void osr_gw_keys_signing(osr_gw_call_t *call);    /* GET    /v1/keys/signing (public) */
+/** Load (on first start: create) the signing keyring from
+ *  cfg->token_keys_dir into gw->keyring. Blocking: call at start-up before
+ *  the loop runs. Returns 0, or an error with the file and reason in err
+ *  (also when the directory holds no private key). */
+int osr_gw_keyring_open(osr_gw_t *gw, char *err, size_t errlen);
+/** Free gw->keyring (NULL is fine). */
+void osr_gw_keyring_close(osr_gw_t *gw);
+
 /** Append an audit event (fire and forget; failures are logged and counted). */
 void osr_gw_audit(osr_gw_t *gw, const osr_gw_auth_t *who, const char *action,
                   const char *sandbox_id, const char *outcome, json_t *detail);
 
-/** The sandbox as the API shows it (binding + data-plane URL + token). */
+/** The sandbox as the API shows it (binding + data-plane URL + token).
+ *  With `with_token`, a RUNNING or PAUSED sandbox gets "token" (a binding
+ *  token with every scope and port, docs/tokens.md) and "tokenExpiresAt";
+ *  both are null when no token can be signed. */
 json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token);
 
 /** Resolve every binding left in CREATING by a crash (adopt what the

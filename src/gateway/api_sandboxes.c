@@ -522,22 +522,23 @@ json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token
   }
   json_object_set_new(j, "dataplaneUrl", dpu ? json_string(dpu) : json_null());
   if (with_token && (b->state == OSR_BINDING_RUNNING || b->state == OSR_BINDING_PAUSED)) {
-    /* Placeholder until the data-plane issue defines the signed binding
-     * token: opaque, unguessable, and already shaped like a versioned
-     * token so clients treat it as an opaque string from day one. */
-    unsigned char r[24];
-    char tok[5 + 2 * sizeof(r) + 1];
-    static const char hex[] = "0123456789abcdef";
-    osr_random_bytes(r, sizeof(r));
-    memcpy(tok, "osr1.", 5);
-    for (size_t i = 0; i < sizeof(r); i++) {
-      tok[5 + 2 * i] = hex[r[i] >> 4];
-      tok[6 + 2 * i] = hex[r[i] & 15];
+    /* The create answer's token grants everything (the creator owns the
+     * sandbox); narrower ones come from POST /v1/sandboxes/{id}/tokens. */
+    osr__token_req_t tr;
+    osr_token_claims_t tc;
+    char tok[OSR_TOKEN_MAX + 1];
+    memset(&tr, 0, sizeof(tr));
+    tr.scopes = OSR_SCOPE_ALL;
+    tr.all_ports = 1;
+    int rv = osr__token_mint(gw, b, &tr, tok, sizeof(tok), &tc);
+    if (rv != 0) {
+      OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", b->id, osr_token_strerror(rv));
+      json_object_set_new(j, "token", json_null());
+      json_object_set_new(j, "tokenExpiresAt", json_null());
+    } else {
+      json_object_set_new(j, "token", json_string(tok));
+      json_object_set_new(j, "tokenExpiresAt", time_or_null(tc.exp * 1000));
     }
-    tok[sizeof(tok) - 1] = '\0';
-    uint64_t ttl = cfg->token_ttl_s ? cfg->token_ttl_s : 3600;
-    json_object_set_new(j, "token", json_string(tok));
-    json_object_set_new(j, "tokenExpiresAt", time_or_null(osr_now_ms() + (int64_t)ttl * 1000));
   }
   json_object_set_new(j, "createdAt", time_or_null(b->created_ms));
   json_object_set_new(j, "updatedAt", time_or_null(b->updated_ms));
@@ -1099,4 +1100,162 @@ void osr_gw_sandbox_timeout(osr_gw_call_t *call)
     return;
   }
   read_binding(call, 0, timeout_got);
+}
+
+/* ------------------------------------------------------------------------ */
+/* POST /v1/sandboxes/{id}/tokens                                            */
+
+typedef struct tokreq_s {
+  osr__token_req_t r;
+} tokreq_t;
+
+/* {scopes: ["exec","files","ports"], ports: [n, ...] | "all", ttlSeconds}.
+ * scopes defaults to all three; ports (only with the "ports" scope) to
+ * "all"; ttlSeconds to tokens.ttl_seconds, at most sandbox.max_timeout_seconds
+ * (the sandbox's own TTL caps the expiry anyway). */
+static int parse_token_req(osr_gw_t *gw, const json_t *body, osr__token_req_t *r, char *err,
+                           size_t errlen)
+{
+  static const char *const known[] = {"scopes", "ports", "ttlSeconds", NULL};
+  static const struct {
+    const char *name;
+    unsigned bit;
+  } names[] = {{"exec", OSR_SCOPE_EXEC}, {"files", OSR_SCOPE_FILES}, {"ports", OSR_SCOPE_PORTS}};
+  json_t *v;
+  memset(r, 0, sizeof(*r));
+  if (body != NULL && !json_is_object(body))
+    return fail(err, errlen, "body", "must be an object");
+  if (body != NULL && check_known(body, "", known, err, errlen) != 0)
+    return OSR_EINVAL;
+
+  v = body != NULL ? json_object_get(body, "scopes") : NULL;
+  if (v == NULL) {
+    r->scopes = OSR_SCOPE_ALL;
+  } else {
+    if (!json_is_array(v) || json_array_size(v) == 0 || json_array_size(v) > 3)
+      return fail(err, errlen, "scopes", "a non-empty list of \"exec\", \"files\", \"ports\"");
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+      unsigned bit = 0;
+      for (size_t k = 0; k < OSR_ARRAY_SIZE(names); k++)
+        if (json_is_string(e) && strcmp(json_string_value(e), names[k].name) == 0)
+          bit = names[k].bit;
+      if (bit == 0)
+        return fail(err, errlen, "scopes", "each one of \"exec\", \"files\", \"ports\"");
+      if (r->scopes & bit)
+        return fail(err, errlen, "scopes", "lists a scope twice");
+      r->scopes |= bit;
+    }
+  }
+
+  v = body != NULL ? json_object_get(body, "ports") : NULL;
+  if (v != NULL && !(r->scopes & OSR_SCOPE_PORTS))
+    return fail(err, errlen, "ports", "only with the \"ports\" scope");
+  if (r->scopes & OSR_SCOPE_PORTS) {
+    if (v == NULL || (json_is_string(v) && strcmp(json_string_value(v), "all") == 0)) {
+      r->all_ports = 1;
+    } else if (json_is_array(v) && json_array_size(v) >= 1 &&
+               json_array_size(v) <= OSR_TOKEN_PORTS_MAX) {
+      size_t i;
+      json_t *e;
+      json_array_foreach(v, i, e) {
+        uint64_t port;
+        if (get_uint(e, "ports[]", 1, 65535, &port, err, errlen) != 0)
+          return OSR_EINVAL;
+        r->ports[r->nports++] = (uint16_t)port;
+      }
+    } else {
+      char what[96];
+      snprintf(what, sizeof(what), "\"all\" or a list of 1..%d port numbers", OSR_TOKEN_PORTS_MAX);
+      return fail(err, errlen, "ports", what);
+    }
+  }
+
+  v = body != NULL ? json_object_get(body, "ttlSeconds") : NULL;
+  if (v != NULL) {
+    uint64_t maxt = gw->cfg->max_timeout_s ? gw->cfg->max_timeout_s : 86400;
+    if (gw->cfg->token_ttl_s > maxt)
+      maxt = gw->cfg->token_ttl_s;
+    if (get_uint(v, "ttlSeconds", 1, maxt, &r->ttl_s, err, errlen) != 0)
+      return OSR_EINVAL;
+  }
+  return 0;
+}
+
+static void tokens_got(osr_gw_call_t *call, int status, const osr_binding_t *b)
+{
+  osr_gw_t *gw = call->gw;
+  tokreq_t *tr = call->data;
+  call->data = NULL;
+  if (status != 0) {
+    osr_gw_error_from(call, status, "sandbox");
+    goto out;
+  }
+  if (b->state != OSR_BINDING_RUNNING && b->state != OSR_BINDING_PAUSED) {
+    conflict_state(call, b, "issue a token for");
+    goto out;
+  }
+  char tok[OSR_TOKEN_MAX + 1];
+  osr_token_claims_t c;
+  int rv = osr__token_mint(gw, b, &tr->r, tok, sizeof(tok), &c);
+  if (rv == OSR_ETOKEN_EXPIRED) {
+    osr_gw_error(call, 409, "conflict", "the sandbox's timeout has passed",
+                 json_pack("{s:s}", "state", osr_binding_state_name(b->state)));
+    goto out;
+  }
+  if (rv != 0) {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "cannot sign a token: %s", osr_token_strerror(rv));
+    osr_gw_error(call, 500, "internal", msg, NULL);
+    goto out;
+  }
+  json_t *scopes = json_array();
+  if (c.scopes & OSR_SCOPE_EXEC)
+    json_array_append_new(scopes, json_string("exec"));
+  if (c.scopes & OSR_SCOPE_FILES)
+    json_array_append_new(scopes, json_string("files"));
+  if (c.scopes & OSR_SCOPE_PORTS)
+    json_array_append_new(scopes, json_string("ports"));
+  json_t *ports;
+  if (c.all_ports) {
+    ports = json_string("all");
+  } else {
+    ports = json_array();
+    for (size_t i = 0; i < c.nports; i++)
+      json_array_append_new(ports, json_integer(c.ports[i]));
+  }
+  /* The audit records what was granted and the token's id, never the
+   * token itself (it is a bearer credential). */
+  osr_gw_audit(gw, &call->auth, "token", b->id, "ok",
+               json_pack("{s:O,s:O,s:I,s:s}", "scopes", scopes, "ports", ports, "expiresAt",
+                         (json_int_t)c.exp, "tokenId", c.jti));
+  osr_gw_reply(call, 201,
+               json_pack("{s:s,s:o,s:o,s:o,s:s,s:s}", "token", tok, "expiresAt",
+                         time_or_null(c.exp * 1000), "scopes", scopes, "ports", ports, "tokenId",
+                         c.jti, "sandboxId", b->id));
+out:
+  osr_free(tr);
+}
+
+void osr_gw_sandbox_tokens(osr_gw_call_t *call)
+{
+  char err[200];
+  if (check_id(call) != 0)
+    return;
+  tokreq_t *tr = osr_xcalloc(1, sizeof(*tr));
+  if (parse_token_req(call->gw, call->body, &tr->r, err, sizeof(err)) != 0) {
+    osr_free(tr);
+    osr_gw_error(call, 400, "invalid_request", err, NULL);
+    return;
+  }
+  if (call->gw->keyring == NULL) {
+    osr_free(tr);
+    osr_gw_error(call, 503, "unavailable", "no signing key loaded", NULL);
+    return;
+  }
+  /* From the store, not the cache: a token must not be minted from a
+   * binding whose kill the cache has not heard of yet. */
+  call->data = tr;
+  read_binding(call, 0, tokens_got);
 }

@@ -1287,12 +1287,19 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
                      cfg->max_timeout_s);
   }
   if ((v = json_object_get(doc, "tokens")) != NULL) {
-    static const char *const keys[] = {"ttl_seconds", NULL};
+    static const char *const keys[] = {"ttl_seconds", "keys_dir", NULL};
     if (want_obj(ld, src, "tokens", v) != 0 || check_keys(ld, src, "tokens", v, keys) != 0)
       return OSR_EINVAL;
     if ((x = json_object_get(v, "ttl_seconds")) != NULL &&
         want_u64(ld, src, "tokens.ttl_seconds", x, 1, 31536000, &cfg->token_ttl_s) != 0)
       return OSR_EINVAL;
+    if ((x = json_object_get(v, "keys_dir")) != NULL) {
+      if (want_str(ld, src, "tokens.keys_dir", x, &s) != 0)
+        return OSR_EINVAL;
+      if (s[0] == '\0')
+        return ld_fail(ld, src, "tokens.keys_dir", "must not be empty");
+      cfg->token_keys_dir = own_str(ld, "token_keys_dir", s);
+    }
   }
   if ((v = json_object_get(doc, "breaker")) != NULL && apply_breaker(ld, src, v) != 0)
     return OSR_EINVAL;
@@ -1666,6 +1673,11 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
     snprintf(url, sizeof(url), "sqlite:%s/osr.db", cfg->data_dir);
     cfg->store_url = own_str(&ld, "store_url", url);
   }
+  if (cfg->token_keys_dir == NULL) {
+    char dir[4200];
+    snprintf(dir, sizeof(dir), "%s/keys", cfg->data_dir);
+    cfg->token_keys_dir = own_str(&ld, "token_keys_dir", dir);
+  }
   if (cfg->dataplane_url == NULL) {
     char url[512];
     snprintf(url, sizeof(url), "http://%s", cfg->dataplane_listen);
@@ -1810,7 +1822,9 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
                       json_pack("{s:I,s:I}", "default_timeout_seconds",
                                 (json_int_t)cfg->default_timeout_s, "max_timeout_seconds",
                                 (json_int_t)cfg->max_timeout_s));
-  json_object_set_new(j, "tokens", json_pack("{s:I}", "ttl_seconds", (json_int_t)cfg->token_ttl_s));
+  json_object_set_new(j, "tokens",
+                      json_pack("{s:I,s:s?}", "ttl_seconds", (json_int_t)cfg->token_ttl_s,
+                                "keys_dir", cfg->token_keys_dir));
   const osr_breaker_config_t *b = &cfg->breaker;
   json_object_set_new(j, "breaker",
                       json_pack("{s:I,s:I,s:f,s:I,s:I,s:I,s:I}", "window", (json_int_t)b->window,

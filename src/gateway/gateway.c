@@ -1,6 +1,7 @@
 /*
- * The gateway process (osr_gateway_main): configuration, data directory and
- * admin key, then the asynchronous start-up chain on the loop
+ * The gateway process (osr_gateway_main): configuration, data directory,
+ * admin key and token signing keys, then the asynchronous start-up chain on
+ * the loop
  *
  *   providers → store open → Redis → recover interrupted creates → reaper →
  *   HTTP listeners (TLS if configured) → serving
@@ -449,6 +450,14 @@ int osr_gateway_main(int argc, char **argv, const char *prog)
     osr_free(m);
     return 1;
   }
+  /* The token signing keys (created on first start; docs/tokens.md). */
+  rv = osr_gw_keyring_open(gw, err, sizeof(err));
+  if (rv != 0) {
+    fprintf(stderr, "%s: token keys: %s\n", prog, err);
+    osr_gw_config_dispose(&m->cfg);
+    osr_free(m);
+    return 1;
+  }
   if (m->cfg.tls_cert != NULL) {
     static const char *const alpn[] = {"h2", "http/1.1"};
     osr_tls_server_opts_t to = {m->cfg.tls_cert, m->cfg.tls_key, alpn, 2};
@@ -456,6 +465,7 @@ int osr_gateway_main(int argc, char **argv, const char *prog)
     rv = osr_tls_ctx_new_server(&to, &m->tls);
     if (rv != 0) {
       OSR_LOG_ERROR(MOD, "TLS certificate/key: %s", osr__gw_strerror(rv));
+      osr_gw_keyring_close(gw);
       osr_gw_config_dispose(&m->cfg);
       osr_free(m);
       return 1;
@@ -500,6 +510,7 @@ int osr_gateway_main(int argc, char **argv, const char *prog)
     osr_tls_ctx_unref(m->tls);
   osr_gw_api_dispose(gw);
   osr_metrics_free(gw->metrics);
+  osr_gw_keyring_close(gw);
   osr_gw_config_dispose(&m->cfg);
   int code = m->exit_code;
   osr_free(m);

@@ -19,6 +19,7 @@
 #include "gateway/placement.h"
 #include "net/http.h"
 #include "store/store.h"
+#include "token/token.h"
 
 #define OSR_GW_LISTEN_MAX 8
 
@@ -42,6 +43,7 @@ typedef struct osr_gw_config_s {
   uint32_t default_timeout_s;    /**< TTL when a create gives none; default 300 */
   uint32_t max_timeout_s;        /**< default 86400 */
   uint64_t token_ttl_s;          /**< binding token lifetime; default 3600 */
+  const char *token_keys_dir;    /**< signing keys (tokens.keys_dir); default <data_dir>/keys */
   osr_breaker_config_t breaker;
   uint64_t reaper_interval_ms;   /**< default 5000 */
   uint64_t drain_ms;             /**< default 10000 */
@@ -93,6 +95,7 @@ typedef struct osr_gw_s {
   osr_reaper_t *reaper;
   osr_http_server_t *http;
   osr_gw_api_t *api;             /**< API module state (osr_gw_api_init) */
+  osr_keyring_t *keyring;        /**< token signing keys (osr_gw_keyring_open); NULL = none */
   char admin_key_hash[65];       /**< SHA-256 hex of the admin key */
   int64_t started_ms;
   int draining;

@@ -88,6 +88,23 @@ void osr__destroy_bg(osr_gw_t *gw, osr_provider_t *p, const char *provider_id);
  *  (osr_strerror alone hands unknown codes to uv_strerror, which allocates.) */
 const char *osr__err_text(int err);
 
+/** What a token grants (tokens.c). ttl_s 0 = cfg->token_ttl_s. */
+typedef struct osr__token_req_s {
+  unsigned scopes;                      /**< OSR_SCOPE_* bits */
+  int all_ports;
+  uint16_t ports[OSR_TOKEN_PORTS_MAX];
+  size_t nports;
+  uint64_t ttl_s;
+} osr__token_req_t;
+
+/** Sign a binding token for `b` into `out` (OSR_TOKEN_MAX + 1 bytes
+ *  suffice): expiry = min(now + ttl, the sandbox's TTL deadline). Returns 0
+ *  (and the signed claims in `claims`, if not NULL), OSR_ETOKEN_EXPIRED if
+ *  the sandbox's deadline has passed, OSR_ETOKEN_UNKNOWN_KEY without a
+ *  signing key, or another osr_token_sign error. */
+int osr__token_mint(osr_gw_t *gw, const osr_binding_t *b, const osr__token_req_t *r, char *out,
+                    size_t outlen, osr_token_claims_t *claims);
+
 /** An audit identity for the system's own actions ("reaper", "system"). */
 void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant);
 

@@ -27,18 +27,24 @@
 
 #include "osr/common.h"
 
-#define OSR_TOKEN_MAX 2048          /* longest token accepted */
+#define OSR_TOKEN_MAX     2048 /* longest token accepted */
 #define OSR_TOKEN_KID_MAX 32
+/* Longest msgpack payload osr_token_sign produces (every claim at its
+ * maximum size needs about 660 bytes); the verifier accepts what fits in
+ * OSR_TOKEN_MAX. */
+#define OSR_TOKEN_PAYLOAD_MAX 1024
+/* Most keys one keyring holds (active + rotated-out keys still verifying). */
+#define OSR_KEYRING_MAX 16
 
 /* Token errors (the data plane maps them to 401 / 403). */
-#define OSR_ETOKEN_MALFORMED (-32001) /* 401 */
-#define OSR_ETOKEN_SIGNATURE (-32002) /* 401 */
-#define OSR_ETOKEN_EXPIRED (-32003)   /* 401 */
+#define OSR_ETOKEN_MALFORMED   (-32001) /* 401 */
+#define OSR_ETOKEN_SIGNATURE   (-32002) /* 401 */
+#define OSR_ETOKEN_EXPIRED     (-32003) /* 401 */
 #define OSR_ETOKEN_UNKNOWN_KEY (-32004) /* 401: kid not in the keyring */
-#define OSR_ETOKEN_REVOKED (-32005)   /* 401 */
-#define OSR_ETOKEN_SANDBOX (-32006)   /* 403: token for another sandbox */
-#define OSR_ETOKEN_SCOPE (-32007)     /* 403: scope not granted */
-#define OSR_ETOKEN_PORT (-32008)      /* 403: port not granted */
+#define OSR_ETOKEN_REVOKED     (-32005) /* 401 */
+#define OSR_ETOKEN_SANDBOX     (-32006) /* 403: token for another sandbox */
+#define OSR_ETOKEN_SCOPE       (-32007) /* 403: scope not granted */
+#define OSR_ETOKEN_PORT        (-32008) /* 403: port not granted */
 
 const char *osr_token_strerror(int err);
 
@@ -60,10 +66,10 @@ typedef struct osr_token_claims_s {
   uint16_t ports[OSR_TOKEN_PORTS_MAX]; /* allowed ports when !all_ports */
   size_t nports;
   int all_ports;
-  int64_t iat;                          /* unix seconds */
+  int64_t iat; /* unix seconds */
   int64_t exp;
   char kid[OSR_TOKEN_KID_MAX];
-  char jti[33];                         /* 32 hex chars */
+  char jti[33]; /* 32 hex chars */
 } osr_token_claims_t;
 
 typedef struct osr_keyring_s osr_keyring_t;
@@ -79,6 +85,24 @@ int osr_keyring_add_private(osr_keyring_t *kr, const char *kid, const uint8_t se
 /** Add a verify-only key (32-byte Ed25519 public key). */
 int osr_keyring_add_public(osr_keyring_t *kr, const char *kid, const uint8_t pub[32]);
 int osr_keyring_set_active(osr_keyring_t *kr, const char *kid);
+/** (Additive.) Drop the key `kid`: tokens it signed fail closed with
+ *  OSR_ETOKEN_UNKNOWN_KEY from now on. Removing the active key leaves the
+ *  keyring without a signing key until osr_keyring_set_active(). Returns 0 or
+ *  OSR_ENOENT. */
+int osr_keyring_remove(osr_keyring_t *kr, const char *kid);
+/** (Additive.) Number of keys (private and public-only). */
+size_t osr_keyring_count(const osr_keyring_t *kr);
+/** (Additive.) The kid osr_token_sign uses, or NULL without a signing key.
+ *  Valid until the keyring changes. */
+const char *osr_keyring_active(const osr_keyring_t *kr);
+
+/* Key ids are 1..31 characters of [A-Za-z0-9_-] (they are file names in a
+ * key directory). Adding a kid that is already present succeeds only with
+ * the same public key (a refresh); a different key under a known kid is
+ * OSR_EINVAL. A full keyring (OSR_KEYRING_MAX) answers OSR_ETOOLARGE.
+ * Keyrings are not locked: build one, then share it read-only (verify and
+ * sign may run on several threads at once); to change keys, build a new one
+ * and swap the pointer. */
 
 /**
  * Load keys from a directory (off the loop thread: call from a worker or at
@@ -93,15 +117,28 @@ int osr_keyring_load_dir(osr_keyring_t *kr, const char *dir, int create, char *e
 /** Public keys as JSON text {"keys":[{"kid":..,"alg":"Ed25519","pub":hex}]}
  *  (for distributing to data planes). Heap string (osr_free). */
 char *osr_keyring_public_json(const osr_keyring_t *kr);
-/** Load public keys from that JSON. */
+/** Load public keys from that JSON (at most 64 KiB; every entry is checked
+ *  before any is added, so a bad document changes nothing). Returns 0,
+ *  OSR_EINVAL or OSR_ETOOLARGE. */
 int osr_keyring_add_public_json(osr_keyring_t *kr, const char *json, size_t len);
 
 /** Sign `c` (kid and jti are filled in if empty). `out` gets a NUL-terminated
- *  token; returns its length or an error (OSR_E2BIG if outlen is too small). */
+ *  token; returns its length or an error (OSR_E2BIG if outlen is too small;
+ *  OSR_EINVAL if a claim breaks the limits the verifier enforces: empty
+ *  sandbox id, a string too long or with control characters, scope bits
+ *  outside OSR_SCOPE_ALL, port 0 in the list, more than OSR_TOKEN_PORTS_MAX
+ *  ports, exp < iat; OSR_ETOKEN_UNKNOWN_KEY if the keyring has no private
+ *  key for the kid, or no active key). OSR_TOKEN_MAX + 1 bytes always
+ *  suffice. */
 int osr_token_sign(const osr_keyring_t *kr, osr_token_claims_t *c, char *out, size_t outlen);
 
 /** Verify signature and expiry (with `leeway_s` seconds of clock skew) and
- *  decode the claims. Returns 0 or an OSR_ETOKEN_* code. */
+ *  decode the claims. Returns 0 or an OSR_ETOKEN_* code: MALFORMED (not
+ *  "osr1.<b64url>.<b64url>", longer than OSR_TOKEN_MAX, a payload that is
+ *  not a map of exactly the known claims with the right types and sizes),
+ *  UNKNOWN_KEY, SIGNATURE, EXPIRED (now >= exp + leeway, or issued more
+ *  than leeway seconds in the future). `out` (may be NULL) is written only
+ *  on success. Revocation is the caller's check (osr_revocations_contains). */
 int osr_token_verify(const osr_keyring_t *kr, const char *tok, size_t len, int64_t now_s,
                      int64_t leeway_s, osr_token_claims_t *out);
 
@@ -114,9 +151,17 @@ int osr_token_allows(const osr_token_claims_t *c, const char *sandbox_id, unsign
  *  sandbox is refused until its own expiry; entries expire after `ttl_s`
  *  (the longest token lifetime). Fed by the Redis invalidation channel. */
 typedef struct osr_revocations_s osr_revocations_t;
+/* When the list is full, adding drops the oldest entry (the one nearest to
+ * expiring by itself) and counts it in osr_revocations_evicted(). Ids of 40
+ * bytes or more are ignored (no token can name one). Not thread-safe. A clock that went backwards
+ * keeps an entry (fails closed). */
 osr_revocations_t *osr_revocations_new(size_t max_entries, int64_t ttl_s);
 void osr_revocations_free(osr_revocations_t *r);
 void osr_revocations_add(osr_revocations_t *r, const char *sandbox_id, int64_t now_s);
 int osr_revocations_contains(osr_revocations_t *r, const char *sandbox_id, int64_t now_s);
+/** (Additive.) Entries held (expired ones included until they are pushed
+ *  out) / entries dropped because the list was full. */
+size_t osr_revocations_count(const osr_revocations_t *r);
+uint64_t osr_revocations_evicted(const osr_revocations_t *r);
 
 #endif

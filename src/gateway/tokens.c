@@ -1,0 +1,101 @@
+/*
+ * The gateway's side of binding tokens (docs/tokens.md): the signing
+ * keyring loaded at start-up, minting a token for a binding, and the public
+ * key endpoint data planes fetch.
+ *
+ * The keyring is read once, before the loop runs (a blocking directory read
+ * is fine then), from cfg->token_keys_dir (default <data_dir>/keys); the
+ * first start generates a key there. To rotate, add a key file, point
+ * "active" at it and restart: the old key keeps verifying for as long as it
+ * stays in the directory (docs/tokens.md has the procedure).
+ *
+ * A token never outlives its sandbox: its expiry is the earlier of now +
+ * the requested lifetime and the binding's TTL deadline, so extending a
+ * sandbox's timeout does not extend tokens already handed out (clients ask
+ * for a fresh one, which the short default lifetime makes routine).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "gateway/api.h"
+#include "gateway/sandboxes.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define MOD "tokens"
+
+int osr_gw_keyring_open(osr_gw_t *gw, char *err, size_t errlen)
+{
+  const char *dir = gw->cfg->token_keys_dir;
+  osr_keyring_t *kr = osr_keyring_new();
+  int rv = osr_keyring_load_dir(kr, dir, 1, err, errlen);
+  if (rv == 0 && osr_keyring_active(kr) == NULL) {
+    snprintf(err, errlen, "%s: no private key to sign tokens with", dir);
+    rv = OSR_EINVAL;
+  }
+  if (rv != 0) {
+    osr_keyring_free(kr);
+    return rv;
+  }
+  gw->keyring = kr;
+  OSR_LOG_INFO(MOD, "token keys: %s (%zu key%s, signing with %s)", dir, osr_keyring_count(kr),
+               osr_keyring_count(kr) == 1 ? "" : "s", osr_keyring_active(kr));
+  return 0;
+}
+
+void osr_gw_keyring_close(osr_gw_t *gw)
+{
+  osr_keyring_free(gw->keyring);
+  gw->keyring = NULL;
+}
+
+int osr__token_mint(osr_gw_t *gw, const osr_binding_t *b, const osr__token_req_t *r, char *out,
+                    size_t outlen, osr_token_claims_t *claims)
+{
+  if (gw->keyring == NULL)
+    return OSR_ETOKEN_UNKNOWN_KEY;
+  int64_t now = osr_now_ms() / 1000;
+  uint64_t ttl = r->ttl_s ? r->ttl_s : (gw->cfg->token_ttl_s ? gw->cfg->token_ttl_s : 3600);
+  int64_t exp = now + (int64_t)ttl;
+  if (b->expires_ms > 0) {
+    int64_t sbx_end = b->expires_ms / 1000;
+    if (sbx_end <= now)
+      return OSR_ETOKEN_EXPIRED; /* the sandbox's TTL is over */
+    if (sbx_end < exp)
+      exp = sbx_end;
+  }
+  osr_token_claims_t c;
+  memset(&c, 0, sizeof(c));
+  snprintf(c.sandbox_id, sizeof(c.sandbox_id), "%s", b->id);
+  snprintf(c.tenant, sizeof(c.tenant), "%s", b->tenant);
+  snprintf(c.provider, sizeof(c.provider), "%s", b->provider);
+  snprintf(c.agent_endpoint, sizeof(c.agent_endpoint), "%s", b->agent_endpoint);
+  c.scopes = r->scopes;
+  c.all_ports = r->all_ports;
+  c.nports = r->nports <= OSR_TOKEN_PORTS_MAX ? r->nports : OSR_TOKEN_PORTS_MAX;
+  memcpy(c.ports, r->ports, c.nports * sizeof(c.ports[0]));
+  c.iat = now;
+  c.exp = exp;
+  int n = osr_token_sign(gw->keyring, &c, out, outlen);
+  if (n < 0)
+    return n;
+  if (claims != NULL)
+    *claims = c;
+  return 0;
+}
+
+/* GET /v1/keys/signing: the public half of every key, for data planes that
+ * verify tokens offline. Public by nature, so unauthenticated. */
+void osr_gw_keys_signing(osr_gw_call_t *call)
+{
+  char *s = osr_keyring_public_json(call->gw->keyring);
+  json_t *doc = s != NULL ? json_loads(s, 0, NULL) : NULL;
+  osr_free(s);
+  if (doc == NULL) {
+    osr_gw_error(call, 503, "unavailable", "no signing keys loaded", NULL);
+    return;
+  }
+  const char *active = osr_keyring_active(call->gw->keyring);
+  json_object_set_new(doc, "active", active != NULL ? json_string(active) : json_null());
+  osr_gw_reply(call, 200, doc);
+}
