@@ -142,6 +142,13 @@ class Stream:
             yield msg
 
     def close(self):
+        # shutdown() first: it wakes a thread blocked reading this stream,
+        # which close() alone would wait for until the socket timeout.
+        try:
+            if self.conn.sock is not None:
+                self.conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.conn.close()
 
 

@@ -228,6 +228,32 @@ class Exec(unittest.TestCase):
         self.assertGreaterEqual(kinds.count("keepalive"), 1)
         self.assertEqual(kinds[-1], "end")
 
+    def test_h2c(self):
+        # The same Start stream and a unary call over HTTP/2 (prior knowledge).
+        body = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "head -c 300000 /dev/zero; echo done"]}}).encode()
+        env = bytes([0]) + len(body).to_bytes(4, "big") + body
+        base = ["curl", "-sS", "--http2-prior-knowledge", "--max-time", "60", "-H",
+                "X-Access-Token: " + self.agent.token, "-w", "\n%{http_version}"]
+        cp = osrtest.sh(base + ["-H", "Content-Type: application/connect+json", "--data-binary", "@-",
+                                "http://127.0.0.1:%d/%s" % (self.agent.port, START)], input=env)
+        raw, _, ver = cp.stdout.rpartition(b"\n")
+        self.assertEqual(ver, b"2")
+        i, n, frames = 0, 0, []
+        while i < len(raw):
+            flags, ln = raw[i], int.from_bytes(raw[i + 1:i + 5], "big")
+            frames.append((flags, json.loads(raw[i + 5:i + 5 + ln])))
+            i += 5 + ln
+            ev = frames[-1][1].get("event", {})
+            if "data" in ev:
+                n += len(base64.b64decode(ev["data"]["stdout"]))
+        self.assertIn("start", frames[0][1]["event"])
+        self.assertEqual(n, 300005)
+        self.assertEqual(frames[-1], (2, {}))
+        cp = osrtest.sh(base + ["-H", "Content-Type: application/json", "-d", "{}",
+                                "http://127.0.0.1:%d/process.Process/List" % self.agent.port])
+        self.assertTrue(cp.stdout.endswith(b"\n2"))
+        self.assertIn(b'"processes"', cp.stdout)
+
     def test_pty(self):
         st = self.agent.stream(START, {"process": {"cmd": "/bin/sh", "args": ["-c", "stty size; tty"]},
                                        "pty": {"size": {"cols": 100, "rows": 30}}})
