@@ -21,10 +21,10 @@
 #include "agent/multipart.c"
 #include "util/mem.h"
 
-#define CHECK(x)        \
-  do {                  \
-    if (!(x))           \
-      __builtin_trap(); \
+#define CHECK(x)                                                                                   \
+  do {                                                                                             \
+    if (!(x))                                                                                      \
+      __builtin_trap();                                                                            \
   } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -32,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 typedef struct rec_s {
   uint32_t rng;
   int pausing;
-  uint64_t hash;   /* FNV over everything the parser emitted, with markers */
+  uint64_t hash; /* FNV over everything the parser emitted, with markers */
   size_t parts, bytes;
 } rec_t;
 

@@ -30,7 +30,7 @@
  *  `osr-agent --version`). */
 #define OSR_AGENT_ENVD_VERSION "0.5.7"
 
-#define OSR_AGENT_DEFAULT_RING (1024 * 1024)
+#define OSR_AGENT_DEFAULT_RING      (1024 * 1024)
 #define OSR_AGENT_DEFAULT_MAX_PROCS 256
 /** Largest unary request body or stream request message. */
 #define OSR_AGENT_MAX_RPC_BODY (8 * 1024 * 1024)
@@ -54,17 +54,17 @@ typedef struct agent_user_s {
 struct agent_s {
   uv_loop_t *loop;
   osr_http_server_t *server;
-  char *token;               /**< NULL: no access token (open) */
+  char *token; /**< NULL: no access token (open) */
   size_t ring_bytes;
   size_t max_procs;
-  const char *workdir;       /**< default cwd, NULL = the user's home */
-  char **envs;               /**< --env K=V (sandbox env vars), NULL-terminated */
+  const char *workdir; /**< default cwd, NULL = the user's home */
+  char **envs;         /**< --env K=V (sandbox env vars), NULL-terminated */
   size_t nenvs;
-  agent_user_t self;         /**< who the agent runs as */
+  agent_user_t self; /**< who the agent runs as */
   int is_root;
   int shutting_down;
   /* process table */
-  agent_proc_t *procs;       /* doubly linked */
+  agent_proc_t *procs; /* doubly linked */
   size_t nprocs;
   char scratch[OSR_AGENT_CHUNK]; /* pipe read buffer, consumed in read_cb */
 };
@@ -97,15 +97,15 @@ typedef struct agent_stream_s agent_stream_t;
  *  reply is then dropped). */
 struct agent_call_s {
   agent_t *agent;
-  osr_http_req_t *req;  /**< NULL once the exchange is over */
-  json_t *msg;          /**< the request message (owned by the call) */
-  char username[64];    /**< from Authorization: Basic, "" if none */
-  int64_t timeout_ms;   /**< Connect-Timeout-Ms, -1 if absent */
-  int64_t keepalive_s;  /**< Keepalive-Ping-Interval, default 90 */
+  osr_http_req_t *req; /**< NULL once the exchange is over */
+  json_t *msg;         /**< the request message (owned by the call) */
+  char username[64];   /**< from Authorization: Basic, "" if none */
+  int64_t timeout_ms;  /**< Connect-Timeout-Ms, -1 if absent */
+  int64_t keepalive_s; /**< Keepalive-Ping-Interval, default 90 */
   int is_stream;
   /* private */
   int _replied;
-  int _done;            /* on_done fired */
+  int _done; /* on_done fired */
   agent_stream_t *_stream;
 };
 
@@ -120,7 +120,7 @@ void agent_call_reply(agent_call_t *call, json_t *resp);
 /** Unary or stream error (before the stream began: for a stream, this
  *  answers 200 + an end-of-stream frame carrying the error). */
 void agent_call_error(agent_call_t *call, osr_cx_code_t code, const char *fmt, ...)
-  OSR_PRINTF(3, 4);
+    OSR_PRINTF(3, 4);
 
 /* Server streams. */
 typedef struct agent_stream_events_s {
@@ -134,8 +134,8 @@ typedef struct agent_stream_events_s {
 /** Start the streaming response (200, application/connect+json) for a
  *  stream call. After this the call belongs to the stream. `keepalive`
  *  (may be NULL) is the JSON message sent after keepalive_s idle seconds. */
-agent_stream_t *agent_stream_begin(agent_call_t *call, const agent_stream_events_t *ev,
-                                   void *data, const char *keepalive);
+agent_stream_t *agent_stream_begin(agent_call_t *call, const agent_stream_events_t *ev, void *data,
+                                   const char *keepalive);
 /** Queue one message (stolen). Returns 0, or OSR_ETOOLARGE if the queue is
  *  over its hard cap (the caller ends the stream), OSR_ECLOSED after the
  *  exchange ended. */

@@ -104,22 +104,22 @@ static const struct {
   const char *name;
   int http;
 } codes[] = {
-  [OSR_CX_CANCELED] = {"canceled", 499},
-  [OSR_CX_UNKNOWN] = {"unknown", 500},
-  [OSR_CX_INVALID_ARGUMENT] = {"invalid_argument", 400},
-  [OSR_CX_DEADLINE_EXCEEDED] = {"deadline_exceeded", 504},
-  [OSR_CX_NOT_FOUND] = {"not_found", 404},
-  [OSR_CX_ALREADY_EXISTS] = {"already_exists", 409},
-  [OSR_CX_PERMISSION_DENIED] = {"permission_denied", 403},
-  [OSR_CX_RESOURCE_EXHAUSTED] = {"resource_exhausted", 429},
-  [OSR_CX_FAILED_PRECONDITION] = {"failed_precondition", 400},
-  [OSR_CX_ABORTED] = {"aborted", 409},
-  [OSR_CX_OUT_OF_RANGE] = {"out_of_range", 400},
-  [OSR_CX_UNIMPLEMENTED] = {"unimplemented", 501},
-  [OSR_CX_INTERNAL] = {"internal", 500},
-  [OSR_CX_UNAVAILABLE] = {"unavailable", 503},
-  [OSR_CX_DATA_LOSS] = {"data_loss", 500},
-  [OSR_CX_UNAUTHENTICATED] = {"unauthenticated", 401},
+    [OSR_CX_CANCELED] = {"canceled", 499},
+    [OSR_CX_UNKNOWN] = {"unknown", 500},
+    [OSR_CX_INVALID_ARGUMENT] = {"invalid_argument", 400},
+    [OSR_CX_DEADLINE_EXCEEDED] = {"deadline_exceeded", 504},
+    [OSR_CX_NOT_FOUND] = {"not_found", 404},
+    [OSR_CX_ALREADY_EXISTS] = {"already_exists", 409},
+    [OSR_CX_PERMISSION_DENIED] = {"permission_denied", 403},
+    [OSR_CX_RESOURCE_EXHAUSTED] = {"resource_exhausted", 429},
+    [OSR_CX_FAILED_PRECONDITION] = {"failed_precondition", 400},
+    [OSR_CX_ABORTED] = {"aborted", 409},
+    [OSR_CX_OUT_OF_RANGE] = {"out_of_range", 400},
+    [OSR_CX_UNIMPLEMENTED] = {"unimplemented", 501},
+    [OSR_CX_INTERNAL] = {"internal", 500},
+    [OSR_CX_UNAVAILABLE] = {"unavailable", 503},
+    [OSR_CX_DATA_LOSS] = {"data_loss", 500},
+    [OSR_CX_UNAUTHENTICATED] = {"unauthenticated", 401},
 };
 
 const char *osr_cx_code_name(osr_cx_code_t code)

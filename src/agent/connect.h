@@ -26,17 +26,17 @@
 
 #define OSR_CX_FLAG_COMPRESSED 0x01u
 #define OSR_CX_FLAG_END_STREAM 0x02u
-#define OSR_CX_HEADER_LEN 5
+#define OSR_CX_HEADER_LEN      5
 
 /** Incremental envelope parser. Holds at most `max` message bytes. */
 typedef struct osr_cx_parser_s {
-  size_t max;             /**< largest accepted message (set by init) */
+  size_t max; /**< largest accepted message (set by init) */
   /* private */
   uint8_t _hdr[OSR_CX_HEADER_LEN];
-  size_t _hdr_len;        /* header bytes collected so far */
-  uint32_t _msg_len;      /* length announced by the header */
-  osr_buf_t _msg;         /* message bytes collected so far (cap max) */
-  int _have_msg;          /* a complete message is in _msg */
+  size_t _hdr_len;   /* header bytes collected so far */
+  uint32_t _msg_len; /* length announced by the header */
+  osr_buf_t _msg;    /* message bytes collected so far (cap max) */
+  int _have_msg;     /* a complete message is in _msg */
 } osr_cx_parser_t;
 
 /** One parsed envelope. `data` stays valid until the next osr_cx_parse()

@@ -32,7 +32,7 @@
 #include <openssl/sha.h>
 #endif
 
-#define FILE_BUF (256 * 1024)
+#define FILE_BUF         (256 * 1024)
 #define MAX_UPLOAD_FILES 1000
 
 /* ---- query parameters ---------------------------------------------------------------- */
@@ -94,8 +94,8 @@ int osr__agent_files_signature_ok(agent_t *a, osr_http_req_t *req)
     if (*e != '\0' || t < (long long)time(NULL))
       return 0;
   }
-  const char *op = req->method.len == 3 && memcmp(req->method.base, "GET", 3) == 0 ? "read"
-                                                                                    : "write";
+  const char *op =
+      req->method.len == 3 && memcmp(req->method.base, "GET", 3) == 0 ? "read" : "write";
   size_t need = strlen(path) + strlen(user) + strlen(a->token) + strlen(exp) + 16;
   char *pre = osr_try_malloc(need);
   if (pre == NULL)
@@ -118,35 +118,35 @@ int osr__agent_files_signature_ok(agent_t *a, osr_http_req_t *req)
 
 typedef struct files_s {
   agent_t *a;
-  osr_http_req_t *req;   /* NULL once the exchange is over */
+  osr_http_req_t *req; /* NULL once the exchange is over */
   int is_get;
-  int busy;              /* a job or uv_fs request is in flight */
-  int done;              /* on_done fired */
+  int busy; /* a job or uv_fs request is in flight */
+  int done; /* on_done fired */
   uv_work_t w;
   uv_fs_t fsr;
   char username[64];
-  char qpath[4096];      /* ?path= (decoded), "" if absent */
+  char qpath[4096]; /* ?path= (decoded), "" if absent */
   int has_qpath;
   agent_user_t user;
-  char path[4096];       /* the file being read or written */
+  char path[4096]; /* the file being read or written */
   int fd;
-  int err;               /* job result (negative errno) */
+  int err; /* job result (negative errno) */
   int is_dir;
   int64_t size;
   int64_t off;
-  char *buf;             /* FILE_BUF bytes */
+  char *buf; /* FILE_BUF bytes */
   size_t buf_len;
   /* upload */
   int multipart;
   osr_mp_t mp;
-  osr_iovec_t held;      /* the body chunk being processed (held) */
+  osr_iovec_t held; /* the body chunk being processed (held) */
   size_t held_pos;
-  char *held_copy;       /* the last chunk, copied instead of held (below) */
-  int is_held;           /* osr_http_req_hold() is in effect for `held` */
+  char *held_copy; /* the last chunk, copied instead of held (below) */
+  int is_held;     /* osr_http_req_hold() is in effect for `held` */
   uint64_t received;
   int body_eof;
   int in_part;
-  char **files;          /* paths written, for the answer */
+  char **files; /* paths written, for the answer */
   size_t nfiles;
   int failed;
 } files_t;
@@ -343,8 +343,8 @@ static void dl_after(uv_work_t *w, int status)
   char cd[5000];
   content_disposition(f->path, cd, sizeof(cd));
   osr_http_header_t h[2] = {
-    {OSR_IOV_LIT("content-type"), OSR_IOV_LIT("application/octet-stream")},
-    {OSR_IOV_LIT("content-disposition"), osr_iov(cd, strlen(cd))},
+      {OSR_IOV_LIT("content-type"), OSR_IOV_LIT("application/octet-stream")},
+      {OSR_IOV_LIT("content-disposition"), osr_iov(cd, strlen(cd))},
   };
   if (osr_http_respond(f->req, 200, h, 2, f->size) != 0) {
     osr_http_abort(f->req);

@@ -33,7 +33,7 @@
 #include "util/mem.h"
 
 #define LISTDIR_MAX_ENTRIES 200000
-#define WATCH_MAX_DIRS 4096
+#define WATCH_MAX_DIRS      4096
 
 /* ---- entry info (thread pool) ------------------------------------------------------ */
 
@@ -369,7 +369,8 @@ static void fs_queue(agent_call_t *call, int op, const char *k1, const char *k2)
   json_t *v1 = json_object_get(call->msg, k1);
   json_t *v2 = k2 != NULL ? json_object_get(call->msg, k2) : NULL;
   if (!json_is_string(v1) || (k2 != NULL && !json_is_string(v2))) {
-    agent_call_error(call, OSR_CX_INVALID_ARGUMENT, "%s is required", k2 != NULL && json_is_string(v1) ? k2 : k1);
+    agent_call_error(call, OSR_CX_INVALID_ARGUMENT, "%s is required",
+                     k2 != NULL && json_is_string(v1) ? k2 : k1);
     return;
   }
   fs_job_t *j = osr_xcalloc(1, sizeof(*j));
@@ -386,7 +387,8 @@ static void fs_queue(agent_call_t *call, int op, const char *k1, const char *k2)
   }
   json_t *depth = json_object_get(call->msg, "depth");
   j->depth = json_is_integer(depth) && json_integer_value(depth) > 0
-                 ? (uint32_t)json_integer_value(depth) : 1;
+                 ? (uint32_t)json_integer_value(depth)
+                 : 1;
   if (j->depth > 64)
     j->depth = 64;
   if (uv_queue_work(call->agent->loop, &j->w, fs_work, fs_after) != 0) {
@@ -444,8 +446,8 @@ typedef struct watch_s {
   char msg[9000];
 } watch_t;
 
-#define WATCH_MASK                                                                        \
-  (IN_CREATE | IN_MODIFY | IN_DELETE | IN_DELETE_SELF | IN_MOVED_FROM | IN_MOVED_TO |      \
+#define WATCH_MASK                                                                                 \
+  (IN_CREATE | IN_MODIFY | IN_DELETE | IN_DELETE_SELF | IN_MOVED_FROM | IN_MOVED_TO |              \
    IN_MOVE_SELF | IN_ATTRIB)
 
 static void watch_add(watch_t *wt, const char *rel)
@@ -471,8 +473,7 @@ static void watch_add(watch_t *wt, const char *rel)
 static void watch_scan(watch_t *wt, const char *rel, int level)
 {
   char p[PATH_MAX];
-  if (snprintf(p, sizeof(p), "%s%s%s", wt->root, rel[0] != '\0' ? "/" : "", rel) >=
-      (int)sizeof(p))
+  if (snprintf(p, sizeof(p), "%s%s%s", wt->root, rel[0] != '\0' ? "/" : "", rel) >= (int)sizeof(p))
     return;
   DIR *d = opendir(p);
   if (d == NULL || level > 32) {
@@ -600,8 +601,7 @@ static void on_inotify(uv_poll_t *h, int status, int events)
       continue;
     char name[PATH_MAX];
     const char *leaf = ev->len > 0 ? ev->name : "";
-    snprintf(name, sizeof(name), "%s%s%s", rel, rel[0] != '\0' && leaf[0] != '\0' ? "/" : "",
-             leaf);
+    snprintf(name, sizeof(name), "%s%s%s", rel, rel[0] != '\0' && leaf[0] != '\0' ? "/" : "", leaf);
     if (wt->recursive && (ev->mask & (IN_CREATE | IN_MOVED_TO)) && (ev->mask & IN_ISDIR)) {
       /* inotify is not recursive: watch new subdirectories as they come
        * (inotify_add_watch is one short syscall on a local path). */

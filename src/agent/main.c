@@ -163,7 +163,8 @@ static void on_request(osr_http_req_t *req, void *data)
     /* envd's shape: Connect JSON error for RPCs, {code,message} for HTTP. */
     if (req->path.len > 1 && memchr(req->path.base + 1, '.', req->path.len - 1) != NULL &&
         memchr(req->path.base + 1, '/', req->path.len - 1) != NULL) {
-      static const char body[] = "{\"code\":\"unauthenticated\",\"message\":\"invalid access token\"}";
+      static const char body[] =
+          "{\"code\":\"unauthenticated\",\"message\":\"invalid access token\"}";
       osr_http_send(req, 401, "application/json", body, sizeof(body) - 1);
     } else {
       osr__agent_send_http_error(req, 401, "invalid access token");
@@ -178,8 +179,7 @@ static void on_request(osr_http_req_t *req, void *data)
   }
   if (path_is(req, "/_osr/info") && method_is(req, "GET")) {
     json_t *j = json_pack("{s:s,s:s,s:s,s:I}", "envdVersion", OSR_AGENT_ENVD_VERSION, "version",
-                          OSR_VERSION, "user", a->self.name, "processes",
-                          (json_int_t)a->nprocs);
+                          OSR_VERSION, "user", a->self.name, "processes", (json_int_t)a->nprocs);
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     osr_http_send(req, 200, "application/json", s, strlen(s));
@@ -221,13 +221,12 @@ static void on_signal(uv_signal_t *h, int signum)
 
 static void usage(FILE *f)
 {
-  fprintf(f,
-          "usage: osr-agent [--listen ADDR]... [--token-file F] [--ring-bytes N]\n"
-          "                 [--max-processes N] [--workdir DIR] [--env K=V]...\n"
-          "                 [--log-level trace|debug|info|warn|error|off] [--log-json]\n"
-          "       osr-agent --version\n"
-          "ADDR: unix:/run/osr/agent.sock, 0.0.0.0:49983, [::1]:0 ...\n"
-          "The access token comes from --token-file or $OSR_AGENT_TOKEN.\n");
+  fprintf(f, "usage: osr-agent [--listen ADDR]... [--token-file F] [--ring-bytes N]\n"
+             "                 [--max-processes N] [--workdir DIR] [--env K=V]...\n"
+             "                 [--log-level trace|debug|info|warn|error|off] [--log-json]\n"
+             "       osr-agent --version\n"
+             "ADDR: unix:/run/osr/agent.sock, 0.0.0.0:49983, [::1]:0 ...\n"
+             "The access token comes from --token-file or $OSR_AGENT_TOKEN.\n");
 }
 
 static int num_arg(const char *s, uint64_t *out)
@@ -293,8 +292,7 @@ int main(int argc, char **argv)
       token_file = argv[++i];
     } else if (strcmp(o, "--ring-bytes") == 0) {
       if (num_arg(argv[++i], &v) != 0 || v < 2 * OSR_AGENT_CHUNK || v > (1ull << 32)) {
-        fprintf(stderr, "osr-agent: --ring-bytes must be %d..4294967296\n",
-                2 * OSR_AGENT_CHUNK);
+        fprintf(stderr, "osr-agent: --ring-bytes must be %d..4294967296\n", 2 * OSR_AGENT_CHUNK);
         return 2;
       }
       a->ring_bytes = (size_t)v;

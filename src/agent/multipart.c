@@ -14,8 +14,8 @@
 #include <strings.h>
 
 enum {
-  S_PRE,       /* before the first delimiter (preamble) */
-  S_AFTER,     /* delimiter matched: "--" or padding + CRLF follows */
+  S_PRE,   /* before the first delimiter (preamble) */
+  S_AFTER, /* delimiter matched: "--" or padding + CRLF follows */
   S_AFTER_DASH,
   S_AFTER_LWS,
   S_AFTER_CR,
@@ -31,8 +31,7 @@ static int is_bchar(unsigned char c)
   return c != 0 && strchr("'()+_,-./:=? ", c) != NULL;
 }
 
-int osr_mp_init(osr_mp_t *mp, const char *ct, size_t ct_len, const osr_mp_events_t *ev,
-                void *data)
+int osr_mp_init(osr_mp_t *mp, const char *ct, size_t ct_len, const osr_mp_events_t *ev, void *data)
 {
   memset(mp, 0, sizeof(*mp));
   mp->_ev = ev;

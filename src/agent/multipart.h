@@ -22,8 +22,8 @@
 
 #include "osr/common.h"
 
-#define OSR_MP_MAX_HEADER 8192
-#define OSR_MP_MAX_SPAN 65536
+#define OSR_MP_MAX_HEADER   8192
+#define OSR_MP_MAX_SPAN     65536
 #define OSR_MP_MAX_BOUNDARY 70
 
 typedef struct osr_mp_s osr_mp_t;
@@ -37,13 +37,13 @@ typedef struct osr_mp_events_s {
 } osr_mp_events_t;
 
 struct osr_mp_s {
-  void *data;  /**< owner's pointer */
-  int done;    /**< the closing delimiter was seen */
+  void *data; /**< owner's pointer */
+  int done;   /**< the closing delimiter was seen */
   /* private */
   const osr_mp_events_t *_ev;
   char _delim[4 + OSR_MP_MAX_BOUNDARY + 1]; /* "\r\n--" boundary */
   size_t _dlen;
-  size_t _match;   /* delimiter bytes matched so far */
+  size_t _match; /* delimiter bytes matched so far */
   int _state;
   int _in_part;
   char _hdr[OSR_MP_MAX_HEADER + 1];

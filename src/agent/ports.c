@@ -28,15 +28,15 @@ typedef struct fwd_s fwd_t;
 typedef struct side_s {
   fwd_t *f;
   osr_sock_t *s;
-  size_t inflight;   /* bytes of s->input being written to the peer */
-  int eof;           /* s read EOF */
-  int shut;          /* the peer's write side was shut down */
+  size_t inflight; /* bytes of s->input being written to the peer */
+  int eof;         /* s read EOF */
+  int shut;        /* the peer's write side was shut down */
 } side_t;
 
 struct fwd_s {
   osr_http_req_t *req;
   osr_connect_t *conn;
-  side_t c, u;       /* client (upgraded HTTP socket), upstream */
+  side_t c, u; /* client (upgraded HTTP socket), upstream */
   int open_socks;
   int dead;
 };
@@ -199,8 +199,8 @@ static void on_connected(osr_sock_t *s, int status, void *data)
   osr_sock_set_idle_timeout(s, 0);
   osr_sock_set_nodelay(s, 1);
   osr_http_header_t h[2] = {
-    {OSR_IOV_LIT("upgrade"), OSR_IOV_LIT("osr-tcp")},
-    {OSR_IOV_LIT("connection"), OSR_IOV_LIT("Upgrade")},
+      {OSR_IOV_LIT("upgrade"), OSR_IOV_LIT("osr-tcp")},
+      {OSR_IOV_LIT("connection"), OSR_IOV_LIT("Upgrade")},
   };
   osr_http_req_t *req = f->req;
   req->on_done = NULL; /* from here the socket pair owns f */

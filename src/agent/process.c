@@ -44,8 +44,8 @@ typedef struct sub_s {
   agent_stream_t *st;
   uint64_t cursor;
   int end_sent;
-  int is_start;          /* the Start stream (gets deadline_exceeded) */
-  int in_pump;           /* sub_pump is running: sends re-enter via on_writable */
+  int is_start; /* the Start stream (gets deadline_exceeded) */
+  int in_pump;  /* sub_pump is running: sends re-enter via on_writable */
   struct sub_s *next;
 } sub_t;
 
@@ -55,16 +55,16 @@ struct agent_proc_s {
   uv_process_t ph;
   uv_pipe_t out, err, in;
   uv_timer_t deadline, retain;
-  int handles;           /* initialised handles not yet closed */
+  int handles; /* initialised handles not yet closed */
   int out_init, err_init, in_init;
   int out_open, err_open; /* read side not at EOF yet */
-  int in_open;           /* stdin writable (pipe, or the pty master) */
+  int in_open;            /* stdin writable (pipe, or the pty master) */
   int reading;
   int is_pty;
   int master_fd;
   uint32_t pid;
   char *tag;
-  json_t *config;        /* {cmd,args,envs,cwd} for List */
+  json_t *config; /* {cmd,args,envs,cwd} for List */
   osr_ring_t ring;
   sub_t *subs;
   int exited, ended, timed_out, closing, spawned, ph_init;
@@ -393,8 +393,8 @@ static void on_exit_cb(uv_process_t *ph, int64_t exit_status, int term_signal)
   p->exit_status = exit_status;
   p->term_signal = term_signal;
   uv_timer_stop(&p->deadline);
-  OSR_LOG_DEBUG("agent", "process %u exited: status %lld signal %d", p->pid,
-                (long long)exit_status, term_signal);
+  OSR_LOG_DEBUG("agent", "process %u exited: status %lld signal %d", p->pid, (long long)exit_status,
+                term_signal);
   maybe_end(p);
 }
 
@@ -677,8 +677,8 @@ static void start_after(uv_work_t *w, int status)
 
   sub_t *s = sub_attach(p, call, 0, 1);
   if (s != NULL)
-    agent_stream_send(s->st, json_pack("{s:{s:{s:I}}}", "event", "start", "pid",
-                                       (json_int_t)p->pid));
+    agent_stream_send(s->st,
+                      json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)p->pid));
   proc_update_reading(p);
   if (s != NULL)
     sub_pump(s);
@@ -694,8 +694,7 @@ void osr__agent_process_start(agent_call_t *call)
     return;
   }
   if (a->nprocs >= a->max_procs) {
-    agent_call_error(call, OSR_CX_RESOURCE_EXHAUSTED, "too many processes (max %zu)",
-                     a->max_procs);
+    agent_call_error(call, OSR_CX_RESOURCE_EXHAUSTED, "too many processes (max %zu)", a->max_procs);
     return;
   }
   start_job_t *j = osr_xcalloc(1, sizeof(*j));

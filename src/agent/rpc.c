@@ -30,15 +30,15 @@ struct agent_stream_s {
   agent_call_t *call;
   const agent_stream_events_t *ev;
   void *data;
-  osr_buf_t queue;     /* frames not yet handed to the HTTP layer */
-  osr_buf_t inflight;  /* the frames of the write in flight */
-  uv_timer_t ka;       /* keepalive timer */
+  osr_buf_t queue;    /* frames not yet handed to the HTTP layer */
+  osr_buf_t inflight; /* the frames of the write in flight */
+  uv_timer_t ka;      /* keepalive timer */
   uint64_t ka_ms;
-  char *keepalive;     /* JSON text of the keepalive message or NULL */
+  char *keepalive; /* JSON text of the keepalive message or NULL */
   int writing;
-  int ended;           /* end-of-stream frame queued */
-  int end_written;     /* ... and handed to the HTTP layer with end=1 */
-  int detached;        /* the owner is gone: no more callbacks */
+  int ended;       /* end-of-stream frame queued */
+  int end_written; /* ... and handed to the HTTP layer with end=1 */
+  int detached;    /* the owner is gone: no more callbacks */
   int freeing;
   int in_flush;
 };
@@ -50,19 +50,19 @@ typedef struct rpc_method_s {
 } rpc_method_t;
 
 static const rpc_method_t methods[] = {
-  {"/process.Process/Start", osr__agent_process_start, 1},
-  {"/process.Process/Connect", osr__agent_process_connect, 1},
-  {"/process.Process/List", osr__agent_process_list, 0},
-  {"/process.Process/SendInput", osr__agent_process_send_input, 0},
-  {"/process.Process/CloseStdin", osr__agent_process_close_stdin, 0},
-  {"/process.Process/SendSignal", osr__agent_process_send_signal, 0},
-  {"/process.Process/Update", osr__agent_process_update, 0},
-  {"/filesystem.Filesystem/Stat", osr__agent_fs_stat, 0},
-  {"/filesystem.Filesystem/ListDir", osr__agent_fs_list_dir, 0},
-  {"/filesystem.Filesystem/MakeDir", osr__agent_fs_make_dir, 0},
-  {"/filesystem.Filesystem/Move", osr__agent_fs_move, 0},
-  {"/filesystem.Filesystem/Remove", osr__agent_fs_remove, 0},
-  {"/filesystem.Filesystem/WatchDir", osr__agent_fs_watch_dir, 1},
+    {"/process.Process/Start", osr__agent_process_start, 1},
+    {"/process.Process/Connect", osr__agent_process_connect, 1},
+    {"/process.Process/List", osr__agent_process_list, 0},
+    {"/process.Process/SendInput", osr__agent_process_send_input, 0},
+    {"/process.Process/CloseStdin", osr__agent_process_close_stdin, 0},
+    {"/process.Process/SendSignal", osr__agent_process_send_signal, 0},
+    {"/process.Process/Update", osr__agent_process_update, 0},
+    {"/filesystem.Filesystem/Stat", osr__agent_fs_stat, 0},
+    {"/filesystem.Filesystem/ListDir", osr__agent_fs_list_dir, 0},
+    {"/filesystem.Filesystem/MakeDir", osr__agent_fs_make_dir, 0},
+    {"/filesystem.Filesystem/Move", osr__agent_fs_move, 0},
+    {"/filesystem.Filesystem/Remove", osr__agent_fs_remove, 0},
+    {"/filesystem.Filesystem/WatchDir", osr__agent_fs_watch_dir, 1},
 };
 
 static void call_free(agent_call_t *call)
@@ -88,8 +88,7 @@ static int64_t header_int(const osr_http_req_t *req, const char *name, int64_t d
 
 /* ---- replies ------------------------------------------------------------------ */
 
-static void send_error_body(osr_http_req_t *req, int is_stream, osr_cx_code_t code,
-                            const char *msg)
+static void send_error_body(osr_http_req_t *req, int is_stream, osr_cx_code_t code, const char *msg)
 {
   json_t *err = json_pack("{s:s,s:s}", "code", osr_cx_code_name(code), "message", msg);
   if (is_stream) {
@@ -297,8 +296,8 @@ static void stream_on_done(agent_stream_t *st)
     stream_free(st);
 }
 
-agent_stream_t *agent_stream_begin(agent_call_t *call, const agent_stream_events_t *ev,
-                                   void *data, const char *keepalive)
+agent_stream_t *agent_stream_begin(agent_call_t *call, const agent_stream_events_t *ev, void *data,
+                                   const char *keepalive)
 {
   if (call->req == NULL || call->_replied)
     return NULL;

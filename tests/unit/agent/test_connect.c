@@ -129,8 +129,12 @@ static void test_base64(void **state)
   (void)state;
   char enc[64];
   uint8_t dec[64];
-  static const char *vec[][2] = {{"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"},
-                                 {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="},
+  static const char *vec[][2] = {{"", ""},
+                                 {"f", "Zg=="},
+                                 {"fo", "Zm8="},
+                                 {"foo", "Zm9v"},
+                                 {"foob", "Zm9vYg=="},
+                                 {"fooba", "Zm9vYmE="},
                                  {"foobar", "Zm9vYmFy"}};
   for (size_t i = 0; i < OSR_ARRAY_SIZE(vec); i++) {
     size_t n = osr_b64_encode(vec[i][0], strlen(vec[i][0]), enc, 1);
@@ -159,9 +163,9 @@ static void test_base64(void **state)
 int main(void)
 {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_whole_and_split), cmocka_unit_test(test_limits_and_flags),
-    cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_codes),
-    cmocka_unit_test(test_base64),
+      cmocka_unit_test(test_whole_and_split), cmocka_unit_test(test_limits_and_flags),
+      cmocka_unit_test(test_alloc_failure),   cmocka_unit_test(test_codes),
+      cmocka_unit_test(test_base64),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -54,18 +54,18 @@ static int on_end(osr_mp_t *mp)
 static const osr_mp_events_t ev = {on_part, on_data, on_end};
 
 static const char body[] =
-  "preamble\r\n"
-  "--B0und\r\n"
-  "Content-Disposition: form-data; name=\"file\"; filename=\"/home/user/a \\\"q\\\".txt\"\r\n"
-  "Content-Type: text/plain\r\n"
-  "\r\n"
-  "one\r\n--B0un\r\n--B0\r\r\n\r\n-"
-  "\r\n--B0und\r\n"
-  "Content-Disposition: form-data; name=\"file\"; filename=\"b.bin\"\r\n"
-  "\r\n"
-  "\r\n"
-  "\r\n--B0und--\r\n"
-  "epilogue";
+    "preamble\r\n"
+    "--B0und\r\n"
+    "Content-Disposition: form-data; name=\"file\"; filename=\"/home/user/a \\\"q\\\".txt\"\r\n"
+    "Content-Type: text/plain\r\n"
+    "\r\n"
+    "one\r\n--B0un\r\n--B0\r\r\n\r\n-"
+    "\r\n--B0und\r\n"
+    "Content-Disposition: form-data; name=\"file\"; filename=\"b.bin\"\r\n"
+    "\r\n"
+    "\r\n"
+    "\r\n--B0und--\r\n"
+    "epilogue";
 
 static void run(size_t step, int pause_every)
 {
@@ -134,8 +134,8 @@ static void test_bad(void **state)
 int main(void)
 {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_all_splits),
-    cmocka_unit_test(test_bad),
+      cmocka_unit_test(test_all_splits),
+      cmocka_unit_test(test_bad),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

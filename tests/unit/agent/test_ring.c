@@ -127,10 +127,10 @@ static void test_room(void **state)
 int main(void)
 {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_basic_tags),
-    cmocka_unit_test(test_eviction_and_wrap),
-    cmocka_unit_test(test_segment_cap),
-    cmocka_unit_test(test_room),
+      cmocka_unit_test(test_basic_tags),
+      cmocka_unit_test(test_eviction_and_wrap),
+      cmocka_unit_test(test_segment_cap),
+      cmocka_unit_test(test_room),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
