@@ -112,6 +112,7 @@ struct h1conn_s {
   h1req_t *req;         /* the current exchange, or NULL */
   int sniff;            /* cleartext and nothing parsed yet: look for h2c */
   int draining;
+  int resume_parser;    /* a held chunk was released: run the parser even without new bytes */
   int lingering;
   size_t linger_bytes;
   int err_writing;      /* our own error response is being written */
@@ -581,9 +582,10 @@ static void process_input(h1conn_t *c)
       osr_sock_read_stop(s);
       return;
     }
-    if (s->input.len == 0)
+    if (s->input.len == 0 && !c->resume_parser)
       return;
-    if (c->sniff) {
+    c->resume_parser = 0;
+    if (c->sniff && s->input.len != 0) {
       size_t n = s->input.len < H2_PREFACE_LEN ? s->input.len : H2_PREFACE_LEN;
       if (memcmp(osr_buf_data(&s->input), H2_PREFACE, n) != 0) {
         c->sniff = 0;
@@ -899,14 +901,24 @@ static void h1_release(osr_http_req_t *req)
   if (!r->held)
     return;
   r->held = 0;
-  if (r->in_body_cb || !sock_usable(c) || c->req != r)
-    return; /* released before the parser even paused, or being finished */
+  if (!sock_usable(c) || c->req != r)
+    return; /* being finished */
+  if (r->in_body_cb) {
+    /* Released before the parser even paused: it carries on after the
+     * callback, but h1_hold stopped the socket, so start it again. */
+    osr_sock_read_start(c->sock);
+    return;
+  }
   /* The held chunk was left at the front of sock->input. */
   osr_buf_consume(&c->sock->input, c->p.held_len);
   c->p.held_len = 0;
   /* The rest is delivered from the next loop turn, not from inside the
-   * caller (who may be in a write callback of its own). */
+   * caller (who may be in a write callback of its own). The parser is
+   * resumed even if no byte is left: a body that ended with the held chunk
+   * still owes its end (message complete). */
+  c->resume_parser = 1;
   osr_sock_read_start(c->sock);
+  osr_sock_kick(c->sock);
 }
 
 static void h1_abort(osr_http_req_t *req)

@@ -324,6 +324,10 @@ static int cb_headers_complete(llhttp_t *ll)
 static int cb_body(llhttp_t *ll, const char *at, size_t len)
 {
   osr_h1p_t *p = from_ll(ll);
+  /* Resumed with no new bytes (osr__h1p_execute after a held chunk), llhttp
+   * closes its body span with an empty one: not a chunk for anyone. */
+  if (len == 0)
+    return 0;
   p->body_bytes += len;
   if (p->_max_body != 0 && p->body_bytes > p->_max_body)
     return fail(p, 413, OSR_ETOOLARGE);
@@ -451,9 +455,15 @@ static int failed(osr_h1p_t *p, llhttp_errno_t e)
 
 int osr__h1p_execute(osr_h1p_t *p, const char *data, size_t len, size_t *consumed)
 {
+  static const char nothing[1] = {0};
   *consumed = 0;
   if (p->_failed)
     return p->err;
+  /* Paused inside a message (a held body chunk): llhttp may still owe the
+   * message-complete callback for a body that ended with that chunk, and it
+   * fires it when resumed even with no new bytes. Paused at a message
+   * boundary, or not paused: nothing to do without bytes. */
+  int resume_mid_message = p->_paused && p->_held;
   if (p->_paused) {
     llhttp_resume(&p->_ll);
     p->_paused = 0;
@@ -461,14 +471,18 @@ int osr__h1p_execute(osr_h1p_t *p, const char *data, size_t len, size_t *consume
   p->_held = 0;
   p->_msg_done = 0;
   p->held_len = 0;
-  if (len == 0)
-    return OSR_H1P_DONE;
+  if (len == 0) {
+    if (!resume_mid_message)
+      return OSR_H1P_DONE;
+    data = nothing;
+  }
   p->_exec_start = data;
 
   llhttp_errno_t e = llhttp_execute(&p->_ll, data, len);
   if (e == HPE_OK) {
     *consumed = len;
-    p->_prev_byte = data[len - 1];
+    if (len > 0)
+      p->_prev_byte = data[len - 1];
     return OSR_H1P_DONE;
   }
   if (e == HPE_PAUSED) {

@@ -268,8 +268,18 @@ static void on_kick(uv_idle_t *idle)
       return;
     }
   }
-  if (s->input.len != 0)
+  int forced = s->_kick_forced;
+  s->_kick_forced = 0;
+  if (s->input.len != 0 || forced)
     osr__sock_deliver(s, 0);
+}
+
+void osr_sock_kick(osr_sock_t *s)
+{
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return;
+  s->_kick_forced = 1;
+  uv_idle_start(&s->_kick, on_kick);
 }
 
 int osr_sock_read_start(osr_sock_t *s)

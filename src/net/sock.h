@@ -103,6 +103,7 @@ struct osr_sock_s {
   struct osr_sock_s *_prev, *_next; /* the listener's connection list */
   int _in_cb;                 /* >0 while an owner callback runs */
   int _close_pending;         /* close requested during a callback */
+  int _kick_forced;           /* osr_sock_kick(): deliver even with no input */
   void (*_handshake_cb)(osr_sock_t *s, int status);
 };
 
@@ -120,6 +121,12 @@ void osr_sock_set_events(osr_sock_t *s, const osr_sock_events_t *ev, void *data)
 /** Start delivering on_read. Bytes already in s->input are delivered on the
  *  next loop iteration. Returns 0 or an error. */
 int osr_sock_read_start(osr_sock_t *s);
+/** Deliver on_read(s, 0) on the next loop iteration even if s->input holds
+ *  nothing new (for owners whose parser has buffered state to resume, e.g.
+ *  a paused HTTP/1.1 parser after a held body chunk was released). Only
+ *  while reading. */
+void osr_sock_kick(osr_sock_t *s);
+
 /** Stop delivering on_read (backpressure). Idempotent. */
 void osr_sock_read_stop(osr_sock_t *s);
 int osr_sock_is_reading(const osr_sock_t *s);

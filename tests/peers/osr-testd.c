@@ -11,6 +11,8 @@
  *   GET  /stream?chunks=N&size=M&delay=MS   N chunks of M bytes, streamed
  *   GET  /headers                   JSON of the request head
  *   POST /sink                      JSON {"bytes":N,"sha256":"..."} of the body
+ *   POST /hold-sync, /hold-later    {"bytes":N}; every body chunk is held and
+ *                                   released at once / on a later loop turn
  *   GET  /status/NNN                empty response with that status
  *   GET  /stats                     JSON {"conns","requests","rss_kib"}
  *   GET  /ws                        WebSocket echo (subprotocols echo.v1,
@@ -307,6 +309,47 @@ static void route_stream(osr_http_req_t *req)
   stream_write_chunk(r);
 }
 
+/* ---- /hold-sync and /hold-later: body flow-control edge cases ------------ */
+
+/* hold + release inside the same on_body callback, and a hold released from
+ * a timer on a later loop turn (so the final chunk of a body is released
+ * with nothing left to parse). Both answer {"bytes":N} at the end. */
+static void hold_later_tick(uv_timer_t *t)
+{
+  route_t *r = t->data;
+  osr_http_req_release(r->req);
+}
+
+static void hold_on_body(osr_http_req_t *req, const osr_iovec_t *chunk, int status)
+{
+  route_t *r = req->data;
+  if (status == 0) {
+    r->sink_bytes += chunk->len;
+    osr_http_req_hold(req);
+    if (r->timer == NULL)
+      osr_http_req_release(req);
+    else
+      uv_timer_start(r->timer, hold_later_tick, 1, 0);
+    return;
+  }
+  if (status != OSR_EOF) {
+    osr_http_abort(req);
+    return;
+  }
+  send_json(req, 200, json_pack("{s:I}", "bytes", (json_int_t)r->sink_bytes));
+}
+
+static void route_hold(osr_http_req_t *req, int later)
+{
+  route_t *r = route_new(req);
+  if (later) {
+    r->timer = osr_xmalloc(sizeof(*r->timer));
+    uv_timer_init(uv_default_loop(), r->timer);
+    r->timer->data = r;
+  }
+  req->on_body = hold_on_body;
+}
+
 /* ---- /sink, /headers, /stats, /status ----------------------------------- */
 
 static void sink_on_body(osr_http_req_t *req, const osr_iovec_t *chunk, int status)
@@ -499,6 +542,10 @@ static void on_request(osr_http_req_t *req, void *data)
     route_headers(req);
   else if (path_is(req, "/sink") && (method_is(req, "POST") || method_is(req, "PUT")))
     route_sink(req);
+  else if (path_is(req, "/hold-sync") && method_is(req, "POST"))
+    route_hold(req, 0);
+  else if (path_is(req, "/hold-later") && method_is(req, "POST"))
+    route_hold(req, 1);
   else if (path_is(req, "/stats") && get)
     route_stats(req);
   else if (req->path.len > 8 && memcmp(req->path.base, "/status/", 8) == 0)

@@ -177,6 +177,38 @@ class ServerCase(unittest.TestCase):
 
 
 # ---------------------------------------------------------------------------
+# body flow control: hold/release edge cases (osr-testd /hold-sync, /hold-later)
+
+
+class HoldRelease(ServerCase):
+    EXTRA = ("--max-body", "33554432")
+
+    def post(self, path, data, chunked):
+        f = os.path.join(self.tmp, "body")
+        with open(f, "wb") as fh:
+            fh.write(data)
+        args = ["-sS", "--max-time", "30", "--data-binary", "@" + f, "-H", "Content-Type: application/octet-stream"]
+        if chunked:
+            args += ["-H", "Transfer-Encoding: chunked"]
+        cp = curl(*(args + [self.url(path)]))
+        self.assertEqual(cp.returncode, 0, cp.stderr)
+        return json.loads(cp.stdout)
+
+    def test_release_inside_the_callback_keeps_reading(self):
+        # hold + release within one on_body call once stopped the socket for good.
+        data = osrtest.pattern(3 * 1024 * 1024 + 7)
+        for chunked in (False, True):
+            self.assertEqual(self.post("/hold-sync", data, chunked)["bytes"], len(data))
+
+    def test_release_of_the_final_chunk_ends_the_body(self):
+        # A released final chunk with nothing left to parse once never ended the body.
+        for n in (1, 5000, 1024 * 1024 + 3):
+            data = osrtest.pattern(n)
+            for chunked in (False, True):
+                self.assertEqual(self.post("/hold-later", data, chunked)["bytes"], n)
+
+
+# ---------------------------------------------------------------------------
 # curl
 
 
