@@ -340,10 +340,12 @@ static int make_dirs(const char *dir)
 }
 
 /* First line of a small file, surrounding whitespace trimmed. Returns its
- * length or a negative error (OSR_ETOOLARGE past KEY_FILE_MAX). */
+ * length or a negative error (OSR_ETOOLARGE past KEY_FILE_MAX). Symbolic
+ * links are followed: Kubernetes mounts Secrets and ConfigMaps as links
+ * into a "..data" directory. What they point at must be a regular file. */
 static int read_small(const char *path, char *out, size_t outlen, mode_t *mode)
 {
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return -errno;
   struct stat st;

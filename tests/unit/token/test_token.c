@@ -970,7 +970,14 @@ static void test_key_dir(void **state)
   char line[80];
   snprintf(line, sizeof(line), "%.64s\n", ph + 7);
   snprintf(name, sizeof(name), "%s.pub", kid);
-  put_file(pubdir, name, line, 0644);
+  /* As Kubernetes mounts a Secret: the file is a link into "..data". */
+  char datadir[450], target[600], link[600];
+  snprintf(datadir, sizeof(datadir), "%s/..data", pubdir);
+  assert_int_equal(mkdir(datadir, 0700), 0);
+  put_file(datadir, name, line, 0644);
+  snprintf(target, sizeof(target), "..data/%s", name);
+  snprintf(link, sizeof(link), "%s/%s", pubdir, name);
+  assert_int_equal(symlink(target, link), 0);
   kr2 = osr_keyring_new();
   assert_int_equal(osr_keyring_load_dir(kr2, pubdir, 0, err, sizeof(err)), 0);
   assert_null(osr_keyring_active(kr2));
