@@ -1,0 +1,164 @@
+/*
+ * osr-dataplane: flags around osr_dataplane_start/stop (docs/dataplane.md).
+ * SIGTERM/SIGINT drain: listeners close, in-flight exchanges get the grace
+ * period, then the process exits 0. Exit 2 on bad flags, 1 if start fails.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataplane/dataplane.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+static osr_dataplane_t *g_dp;
+static uv_signal_t g_sigterm, g_sigint;
+static int g_stopping;
+
+static void usage(FILE *f)
+{
+  fprintf(f, "usage: osr-dataplane --listen ADDR [--listen ADDR]...\n"
+             "                     (--keys-dir DIR | --keys-url URL) [--keys-refresh-ms N]\n"
+             "                     [--redis URL] [--domain D] [--tls-cert F --tls-key F]\n"
+             "                     [--max-conns N] [--grace-ms N]\n"
+             "                     [--log-level trace|debug|info|warn|error|off] [--log-json]\n");
+}
+
+static void on_stopped(void *data)
+{
+  (void)data;
+  g_dp = NULL;
+  uv_close((uv_handle_t *)&g_sigterm, NULL);
+  uv_close((uv_handle_t *)&g_sigint, NULL);
+}
+
+static uint64_t g_grace_ms = 5000;
+
+static void on_signal(uv_signal_t *s, int sig)
+{
+  (void)s;
+  if (g_stopping || g_dp == NULL)
+    return;
+  g_stopping = 1;
+  OSR_LOG_INFO("dataplane", "signal %d: draining for up to %llu ms", sig,
+               (unsigned long long)g_grace_ms);
+  osr_dataplane_stop(g_dp, g_grace_ms, on_stopped, NULL);
+}
+
+static int num_arg(const char *s, uint64_t *out)
+{
+  char *end;
+  if (s == NULL || *s == '\0')
+    return -1;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end != '\0')
+    return -1;
+  *out = v;
+  return 0;
+}
+
+int main(int argc, char **argv)
+{
+  osr_dataplane_config_t cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  uint64_t v;
+
+  for (int i = 1; i < argc; i++) {
+    const char *o = argv[i];
+    if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+      usage(stdout);
+      return 0;
+    }
+    if (strcmp(o, "--log-json") == 0) {
+      osr_log_set_json(1);
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "osr-dataplane: %s needs a value\n", o);
+      usage(stderr);
+      return 2;
+    }
+    const char *a = argv[++i];
+    if (strcmp(o, "--listen") == 0) {
+      if (cfg.nlisten == OSR_DP_MAX_LISTEN) {
+        fprintf(stderr, "osr-dataplane: too many --listen\n");
+        return 2;
+      }
+      cfg.listen[cfg.nlisten++] = a;
+    } else if (strcmp(o, "--keys-dir") == 0) {
+      cfg.keys_dir = a;
+    } else if (strcmp(o, "--keys-url") == 0) {
+      if (strncmp(a, "http://", 7) != 0 && strncmp(a, "https://", 8) != 0) {
+        fprintf(stderr, "osr-dataplane: --keys-url must be http:// or https://\n");
+        return 2;
+      }
+      cfg.keys_url = a;
+    } else if (strcmp(o, "--keys-refresh-ms") == 0) {
+      if (num_arg(a, &v) != 0 || v < 100) {
+        fprintf(stderr, "osr-dataplane: bad --keys-refresh-ms\n");
+        return 2;
+      }
+      cfg.keys_refresh_ms = v;
+    } else if (strcmp(o, "--redis") == 0) {
+      cfg.redis_url = a;
+    } else if (strcmp(o, "--domain") == 0) {
+      cfg.domain = a;
+    } else if (strcmp(o, "--tls-cert") == 0) {
+      cfg.tls_cert = a;
+    } else if (strcmp(o, "--tls-key") == 0) {
+      cfg.tls_key = a;
+    } else if (strcmp(o, "--max-conns") == 0) {
+      if (num_arg(a, &v) != 0 || v == 0 || v > 10000000) {
+        fprintf(stderr, "osr-dataplane: bad --max-conns\n");
+        return 2;
+      }
+      cfg.max_conns = (size_t)v;
+    } else if (strcmp(o, "--grace-ms") == 0) {
+      if (num_arg(a, &v) != 0) {
+        fprintf(stderr, "osr-dataplane: bad --grace-ms\n");
+        return 2;
+      }
+      g_grace_ms = v;
+    } else if (strcmp(o, "--log-level") == 0) {
+      osr_log_level_t l;
+      if (osr_log_parse_level(a, &l) != 0) {
+        fprintf(stderr, "osr-dataplane: bad --log-level\n");
+        return 2;
+      }
+      osr_log_set_level(l);
+    } else {
+      fprintf(stderr, "osr-dataplane: unknown flag %s\n", o);
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (cfg.nlisten == 0 || (cfg.keys_dir == NULL && cfg.keys_url == NULL) ||
+      (cfg.keys_dir != NULL && cfg.keys_url != NULL) ||
+      ((cfg.tls_cert == NULL) != (cfg.tls_key == NULL))) {
+    fprintf(stderr, "osr-dataplane: need --listen, exactly one of --keys-dir/--keys-url, "
+                    "and --tls-cert together with --tls-key\n");
+    usage(stderr);
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  uv_loop_t *loop = uv_default_loop();
+  int rv = osr_dataplane_start(loop, &cfg, &g_dp);
+  if (rv != 0) {
+    uv_run(loop, UV_RUN_DEFAULT); /* let a partial start close itself */
+    uv_loop_close(loop);
+    return 1;
+  }
+  uv_signal_init(loop, &g_sigterm);
+  uv_signal_init(loop, &g_sigint);
+  uv_signal_start(&g_sigterm, on_signal, SIGTERM);
+  uv_signal_start(&g_sigint, on_signal, SIGINT);
+  /* Machine-readable start-up lines on stdout (tests, supervisors). */
+  for (size_t i = 0; i < cfg.nlisten; i++)
+    printf("listening %s %d\n", cfg.listen[i], osr_dataplane_port(g_dp, i));
+  printf("ready\n");
+  fflush(stdout);
+  uv_run(loop, UV_RUN_DEFAULT);
+  uv_loop_close(loop);
+  return 0;
+}

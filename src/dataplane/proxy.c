@@ -1,0 +1,1176 @@
+/*
+ * Forwarding: upstream connection pools, request streams, port tunnels and
+ * spliced (upgraded) connections.
+ *
+ * A request stream (dp_stream_t) joins one server request (req) to one
+ * client request (creq) on an upstream HTTP/1.1 connection:
+ *   envd (port 49983)  a keep-alive connection to the agent's API;
+ *   other ports        a tunnel: the agent's GET /_osr/ports/{port} with
+ *                      Upgrade: osr-tcp, answered 101, then an HTTP/1.1
+ *                      client runs on the raw tunnel socket.
+ * Both kinds are pooled per (agent address, port) once an exchange ended
+ * cleanly, so a busy SDK pays the connect (and tunnel handshake) once.
+ *
+ * Zero copy and backpressure (STYLE 14, 16): a request body chunk is held
+ * where the server read it (osr_http_req_hold) until the upstream write
+ * callback, and a response chunk is held in the upstream socket's input
+ * (osr_http_creq_hold) until the client write callback. Each direction
+ * therefore has at most one chunk in flight and both sockets stop reading
+ * meanwhile: a slow reader stops the sandbox side and a slow sandbox stops
+ * the client, with memory bounded by the sockets' input caps.
+ *
+ * Lifetime of a stream: it lives until (1) the server request is over
+ * (on_done), (2) the client request is over (its final on_body), (3) no
+ * acquire (connect or tunnel handshake) is pending and (4) no upstream write
+ * callback is outstanding. Whichever comes last frees it (stream_maybe_free).
+ * When the client goes away first the upstream request is cancelled, which
+ * for a request on the wire closes that upstream connection (HTTP/1.1
+ * cannot be resynchronised); when the upstream fails first the client gets a
+ * 502 (nothing sent yet) or the exchange is aborted.
+ *
+ * Upgrades (WebSocket and anything else with Upgrade:) to a port get their
+ * own tunnel: the request head is re-sent through it, the sandbox's answer
+ * head is parsed, and on 101 the client is switched (osr_http_upgrade) and
+ * the two sockets are spliced, each direction writing straight from the
+ * source socket's input buffer and reading again only once written.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "dataplane/dp_int.h"
+#include "net/addr.h"
+#include "net/connect.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define MOD OSR_DP_MOD
+/** Idle pooled connections are closed after this long: the agent's own
+ *  keep-alive timeout is 60 s; servers inside sandboxes (node: 5 s) may be
+ *  shorter, so tunnels are kept briefly. */
+#define DP_ENVD_IDLE_MS      30000
+#define DP_TUNNEL_IDLE_MS    2000
+#define DP_TUNNEL_TIMEOUT_MS 10000
+#define DP_TUNNEL_HEAD_MAX   16384
+#define DP_RESP_HEADERS_MAX  128
+
+/* ========================================================================== */
+/* Pools                                                                       */
+
+typedef struct dp_conn_s {
+  struct dp_conn_s *next;
+  osr_http_client_t *c;
+  uint64_t since; /* uv_now when it became idle */
+} dp_conn_t;
+
+struct dp_pool_s {
+  dp_pool_t *next;
+  char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
+  uint16_t port;
+  int tls;
+  dp_conn_t *idle; /* most recently used first */
+  size_t nidle;
+};
+
+static unsigned pool_hash(const char *addr, uint16_t port)
+{
+  uint32_t h = 2166136261u;
+  for (const char *p = addr; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
+  h = (h ^ port) * 16777619u;
+  return h % DP_POOL_BUCKETS;
+}
+
+static dp_pool_t *pool_find(osr_dataplane_t *dp, const char *addr, uint16_t port, int tls,
+                            int create)
+{
+  unsigned b = pool_hash(addr, port);
+  for (dp_pool_t *p = dp->pools[b]; p != NULL; p = p->next)
+    if (p->port == port && p->tls == tls && strcmp(p->addr, addr) == 0)
+      return p;
+  if (!create)
+    return NULL;
+  dp_pool_t *p = osr_xcalloc(1, sizeof(*p));
+  snprintf(p->addr, sizeof(p->addr), "%s", addr);
+  p->port = port;
+  p->tls = tls;
+  p->next = dp->pools[b];
+  dp->pools[b] = p;
+  return p;
+}
+
+static osr_http_client_t *pool_get(osr_dataplane_t *dp, const char *addr, uint16_t port, int tls)
+{
+  dp_pool_t *p = pool_find(dp, addr, port, tls, 0);
+  if (p == NULL || p->idle == NULL)
+    return NULL;
+  dp_conn_t *k = p->idle;
+  p->idle = k->next;
+  p->nidle--;
+  osr_http_client_t *c = k->c;
+  osr_free(k);
+  return c;
+}
+
+static void pool_put(osr_dataplane_t *dp, const char *addr, uint16_t port, int tls,
+                     osr_http_client_t *c)
+{
+  dp_pool_t *p = dp->stopping ? NULL : pool_find(dp, addr, port, tls, 1);
+  if (p == NULL || p->nidle >= dp->cfg.pool_idle_max) {
+    osr_http_client_close(c);
+    return;
+  }
+  dp_conn_t *k = osr_xcalloc(1, sizeof(*k));
+  k->c = c;
+  k->since = uv_now(dp->loop);
+  k->next = p->idle;
+  p->idle = k;
+  p->nidle++;
+}
+
+void osr__dp_pools_sweep(osr_dataplane_t *dp, uint64_t max_idle_ms)
+{
+  uint64_t now = uv_now(dp->loop);
+  for (size_t b = 0; b < DP_POOL_BUCKETS; b++) {
+    dp_pool_t **pp = &dp->pools[b];
+    while (*pp != NULL) {
+      dp_pool_t *p = *pp;
+      uint64_t limit = p->port == OSR_DP_ENVD_PORT ? DP_ENVD_IDLE_MS : DP_TUNNEL_IDLE_MS;
+      if (max_idle_ms < limit)
+        limit = max_idle_ms;
+      dp_conn_t **kp = &p->idle;
+      while (*kp != NULL) {
+        dp_conn_t *k = *kp;
+        if (max_idle_ms == 0 || now - k->since >= limit) {
+          *kp = k->next;
+          p->nidle--;
+          osr_http_client_close(k->c);
+          osr_free(k);
+        } else {
+          kp = &k->next;
+        }
+      }
+      if (p->idle == NULL) {
+        *pp = p->next;
+        osr_free(p);
+      } else {
+        pp = &p->next;
+      }
+    }
+  }
+}
+
+/* ========================================================================== */
+/* Port tunnels: GET /_osr/ports/{port}, Upgrade: osr-tcp -> 101 -> raw bytes   */
+
+typedef void (*tunnel_cb)(osr_sock_t *s, int status, int http_status, void *data);
+
+typedef struct tunnel_s {
+  osr_sock_t *s;
+  tunnel_cb cb;
+  void *data;
+  int err;
+  int http_status; /* the agent's answer when it was not 101 */
+  /* The head to send, or NULL for the osr-tcp handshake only. Freed by the
+   * write callback (it may outlive the tunnel_t). */
+  char *extra;
+  size_t extra_len;
+  uint16_t port;
+} tunnel_t;
+
+static void tun_on_read(osr_sock_t *s, int status);
+static void tun_on_close(osr_sock_t *s);
+static void tun_on_timeout(osr_sock_t *s);
+static const osr_sock_events_t tun_events = {tun_on_read, tun_on_close, tun_on_timeout, NULL};
+
+static void tun_fail(tunnel_t *t, int err)
+{
+  if (t->err == 0)
+    t->err = err;
+  osr_sock_close(t->s); /* tun_on_close reports */
+}
+
+static void tun_on_close(osr_sock_t *s)
+{
+  tunnel_t *t = s->data;
+  t->cb(NULL, t->err != 0 ? t->err : OSR_ECONNRESET, t->http_status, t->data);
+  osr_free(t);
+}
+
+static void tun_on_timeout(osr_sock_t *s)
+{
+  tun_fail(s->data, OSR_ETIMEDOUT);
+}
+
+static void free_written(osr_sock_t *s, int status, void *arg)
+{
+  (void)s;
+  (void)status;
+  osr_free(arg);
+}
+
+/* Find the end of an HTTP head ("\r\n\r\n") in [p, p+n). */
+static const char *head_end(const char *p, size_t n)
+{
+  for (size_t i = 3; i < n; i++)
+    if (p[i] == '\n' && p[i - 1] == '\r' && p[i - 2] == '\n' && p[i - 3] == '\r')
+      return p + i + 1;
+  return NULL;
+}
+
+static int status_of(const char *p, size_t n)
+{
+  if (n < 12 || memcmp(p, "HTTP/1.", 7) != 0 || p[8] != ' ')
+    return -1;
+  int v = 0;
+  for (int i = 9; i < 12; i++) {
+    if (p[i] < '0' || p[i] > '9')
+      return -1;
+    v = v * 10 + (p[i] - '0');
+  }
+  return v;
+}
+
+static void tun_on_read(osr_sock_t *s, int status)
+{
+  tunnel_t *t = s->data;
+  if (status < 0) {
+    tun_fail(t, status == OSR_EOF ? OSR_ECONNRESET : status);
+    return;
+  }
+  const char *p = osr_buf_data(&s->input);
+  const char *e = head_end(p, s->input.len);
+  if (e == NULL) {
+    if (s->input.len > DP_TUNNEL_HEAD_MAX)
+      tun_fail(t, OSR_EPROTO);
+    return;
+  }
+  int code = status_of(p, (size_t)(e - p));
+  if (code != 101) {
+    t->http_status = code;
+    tun_fail(t, OSR_EHTTP);
+    return;
+  }
+  osr_buf_consume(&s->input, (size_t)(e - p));
+  osr_sock_read_stop(s);
+  osr_sock_set_idle_timeout(s, 0);
+  t->cb(s, 0, 101, t->data); /* the callee sets new events */
+  osr_free(t);
+}
+
+static void tun_on_connected(osr_sock_t *s, int status, void *data)
+{
+  tunnel_t *t = data;
+  if (status != 0) {
+    osr_free(t->extra);
+    t->cb(NULL, status, 0, t->data);
+    osr_free(t);
+    return;
+  }
+  t->s = s;
+  osr_sock_set_events(s, &tun_events, t);
+  osr_sock_set_nodelay(s, 1);
+  osr_sock_set_idle_timeout(s, DP_TUNNEL_TIMEOUT_MS);
+  char *head = osr_xmalloc(128);
+  int n = snprintf(head, 128,
+                   "GET /_osr/ports/%u HTTP/1.1\r\nhost: localhost\r\nupgrade: osr-tcp\r\n"
+                   "connection: Upgrade\r\n\r\n",
+                   t->port);
+  osr_iovec_t iov = osr_iov(head, (size_t)n);
+  if (osr_sock_write(s, &iov, 1, free_written, head) != 0) {
+    osr_free(head);
+    osr_free(t->extra);
+    t->extra = NULL;
+    tun_fail(t, OSR_ECONNRESET);
+    return;
+  }
+  /* Bytes for the port itself may follow at once: the agent upgrades only
+   * after its connect to the port succeeded and then forwards what is in
+   * its input buffer, so sending them now saves a round trip. */
+  if (t->extra != NULL) {
+    iov = osr_iov(t->extra, t->extra_len);
+    char *x = t->extra;
+    t->extra = NULL;
+    if (osr_sock_write(s, &iov, 1, free_written, x) != 0) {
+      osr_free(x);
+      tun_fail(t, OSR_ECONNRESET);
+      return;
+    }
+  }
+  if (osr_sock_read_start(s) != 0)
+    tun_fail(t, OSR_ECONNRESET);
+}
+
+/* Open a tunnel to `port` through the agent at addr. `extra` (heap, taken)
+ * is sent right after the handshake request. cb fires exactly once: with
+ * the raw socket (status 0, reading stopped, events to be set by the
+ * callee) or an error (OSR_EHTTP with the agent's status, e.g. 502 when the
+ * port is closed). Returns 0 or an error and cb never fires. */
+static int tunnel_open(osr_dataplane_t *dp, const char *addr, int tls, uint16_t port, char *extra,
+                       size_t extra_len, tunnel_cb cb, void *data)
+{
+  tunnel_t *t = osr_xcalloc(1, sizeof(*t));
+  t->cb = cb;
+  t->data = data;
+  t->port = port;
+  t->extra = extra;
+  t->extra_len = extra_len;
+  osr_connect_opts_t co = {DP_TUNNEL_TIMEOUT_MS, tls ? dp->client_tls : NULL, NULL};
+  int rv = osr_connect(dp->loop, addr, &co, tun_on_connected, t, NULL);
+  if (rv != 0) {
+    t->extra = NULL; /* the caller keeps ownership on a synchronous error */
+    osr_free(t);
+  }
+  return rv;
+}
+
+/* ========================================================================== */
+/* Request streams                                                             */
+
+struct dp_stream_s {
+  osr_dataplane_t *dp;
+  osr_http_req_t *req;       /* NULL once on_done fired */
+  osr_http_creq_t *creq;     /* NULL once its final on_body fired */
+  osr_http_client_t *client; /* the upstream connection in use */
+  char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
+  char sid[OSR_DP_SID_MAX];
+  char *target;
+  uint16_t port;
+  int tls;
+  dp_tok_src_t tok_src;
+  int64_t req_cl; /* -1 chunked, 0 none, >0 exact */
+  int acquiring;
+  int from_pool;
+  int retried;
+  /* request body (client -> sandbox) */
+  osr_iovec_t pending; /* held chunk waiting for the upstream request */
+  int has_pending;
+  int req_eof;       /* the client's body is complete */
+  int req_body_sent; /* the upstream request body is complete */
+  int body_started;  /* some body byte went upstream */
+  int creq_writing;  /* an upstream write callback is outstanding */
+  /* response (sandbox -> client) */
+  int responded;
+  int resp_writing;
+  int end_pending; /* upstream response complete, last write in flight */
+};
+
+static void stream_acquire(dp_stream_t *st);
+
+static void stream_maybe_free(dp_stream_t *st)
+{
+  if (st->req != NULL || st->creq != NULL || st->acquiring || st->creq_writing || st->resp_writing)
+    return;
+  osr_dataplane_t *dp = st->dp;
+  if (st->client != NULL) {
+    osr_http_client_close(st->client);
+    st->client = NULL;
+  }
+  osr_free(st->target);
+  osr_free(st);
+  dp->nstreams--;
+  if (dp->stopping)
+    osr__dp_maybe_finish(dp);
+}
+
+static void upstream_failed(dp_stream_t *st, int status)
+{
+  st->dp->n_upstream_fail++;
+  if (st->req == NULL)
+    return;
+  if (!st->responded) {
+    OSR_LOG_DEBUG(MOD, "%s: upstream %s port %u: %s", st->req->peer, st->addr, st->port,
+                  osr_strerror(status));
+    st->responded = 1;
+    osr__dp_error(st->req, 502, st->sid, "The sandbox was not found");
+  } else {
+    OSR_LOG_DEBUG(MOD, "upstream %s port %u failed mid-response: %s", st->addr, st->port,
+                  osr_strerror(status));
+    osr_http_abort(st->req);
+  }
+}
+
+static int name_is(osr_iovec_t n, const char *s)
+{
+  size_t l = strlen(s);
+  return n.len == l && strncasecmp(n.base, s, l) == 0;
+}
+
+/* Is `name` listed in a Connection header value ("close, x-foo")? */
+static int in_connection(const osr_iovec_t *conn, osr_iovec_t name)
+{
+  if (conn == NULL)
+    return 0;
+  const char *p = conn->base, *e = conn->base + conn->len;
+  while (p < e) {
+    while (p < e && (*p == ' ' || *p == ',' || *p == '\t'))
+      p++;
+    const char *q = p;
+    while (q < e && *q != ',' && *q != ' ' && *q != '\t')
+      q++;
+    if (q > p && (size_t)(q - p) == name.len && strncasecmp(p, name.base, name.len) == 0)
+      return 1;
+    p = q;
+  }
+  return 0;
+}
+
+/* Hop-by-hop and framing headers (RFC 9110 7.6.1) never cross the proxy. */
+static int hop_by_hop(osr_iovec_t n)
+{
+  return name_is(n, "connection") || name_is(n, "keep-alive") || name_is(n, "proxy-connection") ||
+         name_is(n, "transfer-encoding") || name_is(n, "te") || name_is(n, "trailer") ||
+         name_is(n, "upgrade") || name_is(n, "content-length") || name_is(n, "http2-settings");
+}
+
+/* The client's credential is for us, not for the sandbox. */
+static int is_credential(const dp_stream_t *st, osr_iovec_t n)
+{
+  return name_is(n, "x-access-token") ||
+         (st->tok_src == DP_TOK_BEARER && name_is(n, "authorization"));
+}
+
+/* ---- response: sandbox -> client ------------------------------------------- */
+
+static void on_resp_end_written(osr_http_req_t *req, int status, void *arg)
+{
+  dp_stream_t *st = arg;
+  (void)req;
+  (void)status;
+  st->resp_writing = 0;
+  stream_maybe_free(st);
+}
+
+/* The upstream response is complete and no write to the client points into
+ * the upstream connection's input any more: the connection can be reused
+ * (or closed), and the client's response ended. */
+static void upstream_done(dp_stream_t *st)
+{
+  osr_http_client_t *c = st->client;
+  st->client = NULL;
+  st->dp->n_forwarded++;
+  if (c != NULL && st->req_body_sent && !st->creq_writing)
+    pool_put(st->dp, st->addr, st->port, st->tls, c);
+  else if (c != NULL)
+    osr_http_client_close(c);
+  if (st->req != NULL) {
+    st->resp_writing = 1;
+    int wrv = osr_http_write(st->req, NULL, 0, 1, on_resp_end_written, st);
+    if (wrv != 0) {
+      OSR_LOG_DEBUG(MOD, "response end: %s", osr_strerror(wrv));
+      st->resp_writing = 0;
+      osr_http_abort(st->req);
+    }
+  }
+}
+
+static void on_resp_written(osr_http_req_t *req, int status, void *arg)
+{
+  dp_stream_t *st = arg;
+  (void)req;
+  st->resp_writing = 0;
+  if (status == 0 && st->creq != NULL) {
+    osr_http_creq_release(st->creq); /* read the next chunk */
+  } else if (status == 0 && st->end_pending) {
+    st->end_pending = 0;
+    upstream_done(st);
+  }
+  /* On error the request's on_done follows and cancels the upstream. */
+  stream_maybe_free(st);
+}
+
+static void creq_on_response(osr_http_creq_t *r, int status, const osr_http_header_t *h, size_t n,
+                             void *data)
+{
+  dp_stream_t *st = data;
+  (void)r;
+  if (st->req == NULL)
+    return;
+  osr_http_header_t out[DP_RESP_HEADERS_MAX];
+  size_t k = 0;
+  int64_t cl = -1;
+  const osr_iovec_t *conn = NULL;
+  for (size_t i = 0; i < n; i++)
+    if (name_is(h[i].name, "connection"))
+      conn = &h[i].value;
+  for (size_t i = 0; i < n && k < DP_RESP_HEADERS_MAX; i++) {
+    if (name_is(h[i].name, "content-length")) {
+      char tmp[24];
+      if (h[i].value.len > 0 && h[i].value.len < sizeof(tmp)) {
+        memcpy(tmp, h[i].value.base, h[i].value.len);
+        tmp[h[i].value.len] = '\0';
+        cl = strtoll(tmp, NULL, 10);
+      }
+      continue;
+    }
+    if (hop_by_hop(h[i].name) || in_connection(conn, h[i].name) || name_is(h[i].name, "date"))
+      continue;
+    out[k++] = h[i];
+  }
+  st->responded = 1;
+  if (osr_http_respond(st->req, status, out, k, cl) != 0)
+    osr_http_abort(st->req);
+}
+
+static void creq_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
+{
+  dp_stream_t *st = data;
+  if (status == 0) {
+    if (st->req == NULL || chunk->len == 0)
+      return;
+    osr_http_creq_hold(r);
+    st->resp_writing = 1;
+    int wrv = osr_http_write(st->req, chunk, 1, 0, on_resp_written, st);
+    if (wrv != 0) {
+      OSR_LOG_DEBUG(MOD, "response write: %s", osr_strerror(wrv));
+      st->resp_writing = 0;
+      osr_http_creq_release(r);
+      osr_http_abort(st->req);
+    }
+    return;
+  }
+  /* Final callback: the creq is freed when we return. */
+  st->creq = NULL;
+  osr_http_client_t *c = st->client;
+  st->client = NULL;
+  if (status == OSR_EOF) {
+    st->client = c;
+    /* The last chunk may still be on its way to the client, pointing into
+     * this connection's input: hand the connection back only after it. */
+    if (st->resp_writing)
+      st->end_pending = 1;
+    else
+      upstream_done(st);
+  } else {
+    if (c != NULL)
+      osr_http_client_close(c);
+    /* A pooled connection the server had already closed: try once more on
+     * a fresh one if nothing of the request body went out yet. */
+    if (st->req != NULL && !st->responded && st->from_pool && !st->retried && !st->body_started &&
+        status != OSR_ECANCELED) {
+      st->retried = 1;
+      stream_acquire(st);
+    } else if (status != OSR_ECANCELED) {
+      upstream_failed(st, status);
+    }
+  }
+  stream_maybe_free(st);
+}
+
+static const osr_http_client_events_t creq_events = {creq_on_response, creq_on_body};
+
+/* ---- request body: client -> sandbox ---------------------------------------- */
+
+static void write_body_end(dp_stream_t *st);
+
+static void on_creq_written(osr_http_creq_t *r, int status, void *arg)
+{
+  dp_stream_t *st = arg;
+  (void)r;
+  st->creq_writing = 0;
+  if (status == 0 && st->req != NULL) {
+    if (st->req_cl > 0 && st->req_eof)
+      st->req_body_sent = 1;
+    osr_http_req_release(st->req);
+    if (st->req_eof && !st->req_body_sent)
+      write_body_end(st);
+  } else if (status != 0 && st->req != NULL && st->responded) {
+    osr_http_abort(st->req);
+  }
+  stream_maybe_free(st);
+}
+
+static void on_creq_end_written(osr_http_creq_t *r, int status, void *arg)
+{
+  dp_stream_t *st = arg;
+  (void)r;
+  st->creq_writing = 0;
+  if (status == 0)
+    st->req_body_sent = 1;
+  stream_maybe_free(st);
+}
+
+static void write_body_end(dp_stream_t *st)
+{
+  if (st->creq == NULL || st->creq_writing || st->req_body_sent)
+    return;
+  if (st->req_cl >= 0) {
+    /* Content-Length bodies end with their last byte (http.h). */
+    st->req_body_sent = 1;
+    return;
+  }
+  st->creq_writing = 1;
+  if (osr_http_creq_write(st->creq, NULL, 0, 1, on_creq_end_written, st) != 0) {
+    st->creq_writing = 0;
+    osr_http_creq_cancel(st->creq);
+  }
+}
+
+static void write_body_chunk(dp_stream_t *st, const osr_iovec_t *chunk)
+{
+  st->creq_writing = 1;
+  st->body_started = 1;
+  if (osr_http_creq_write(st->creq, chunk, 1, 0, on_creq_written, st) != 0) {
+    st->creq_writing = 0;
+    osr_http_req_release(st->req);
+    osr_http_creq_cancel(st->creq);
+  }
+}
+
+static void req_on_body(osr_http_req_t *req, const osr_iovec_t *chunk, int status)
+{
+  dp_stream_t *st = req->data;
+  if (status == 0) {
+    if (chunk->len == 0 || st->req_cl == 0)
+      return;
+    osr_http_req_hold(req); /* the chunk stays in the server's input */
+    if (st->creq == NULL) {
+      st->pending = *chunk; /* sent once the upstream request exists */
+      st->has_pending = 1;
+      return;
+    }
+    write_body_chunk(st, chunk);
+    return;
+  }
+  if (status == OSR_EOF) {
+    st->req_eof = 1;
+    if (st->req_cl == 0)
+      st->req_body_sent = 1;
+    else if (st->creq != NULL && !st->creq_writing)
+      write_body_end(st);
+  }
+  /* Errors: on_done follows. */
+}
+
+static void req_on_done(osr_http_req_t *req, int status)
+{
+  dp_stream_t *st = req->data;
+  (void)status;
+  st->req = NULL;
+  st->has_pending = 0;
+  /* The client is gone (or the exchange ended): an upstream request still
+   * running must not deliver into freed request memory. Cancel closes the
+   * upstream connection if the request is on the wire; its final on_body
+   * follows and frees the stream. */
+  if (st->creq != NULL)
+    osr_http_creq_cancel(st->creq);
+  stream_maybe_free(st);
+}
+
+/* ---- issuing the upstream request ------------------------------------------- */
+
+static int stream_issue(dp_stream_t *st)
+{
+  osr_http_req_t *req = st->req;
+  size_t n = req->num_headers;
+  osr_http_header_t *h = osr_try_malloc((n + 1) * sizeof(*h));
+  if (h == NULL)
+    return OSR_ENOMEM;
+  const osr_iovec_t *conn = osr_http_req_header(req, "connection");
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    osr_iovec_t nm = req->headers[i].name;
+    if (hop_by_hop(nm) || in_connection(conn, nm) || is_credential(st, nm) || name_is(nm, "host") ||
+        name_is(nm, "expect") || (nm.len > 0 && nm.base[0] == ':'))
+      continue;
+    h[k++] = req->headers[i];
+  }
+  char method[32];
+  snprintf(method, sizeof(method), "%.*s", (int)req->method.len, req->method.base);
+  char *auth = NULL;
+  if (req->authority.len > 0)
+    auth = osr_xstrndup(req->authority.base, req->authority.len);
+  osr_http_client_req_t cr = {
+      .method = method,
+      .target = st->target,
+      .authority = auth,
+      .headers = h,
+      .nheaders = k,
+      .content_length = st->req_cl,
+  };
+  int rv = osr_http_client_request(st->client, &cr, &creq_events, st, &st->creq);
+  osr_free(h);
+  osr_free(auth);
+  return rv;
+}
+
+static void stream_acquired(dp_stream_t *st, osr_http_client_t *c, int status)
+{
+  st->acquiring = 0;
+  if (status == 0 && (st->req == NULL || st->dp->stopping)) {
+    pool_put(st->dp, st->addr, st->port, st->tls, c);
+    stream_maybe_free(st);
+    return;
+  }
+  if (status != 0) {
+    upstream_failed(st, status);
+    stream_maybe_free(st);
+    return;
+  }
+  st->client = c;
+  int rv = stream_issue(st);
+  if (rv != 0) {
+    st->client = NULL;
+    osr_http_client_close(c);
+    st->creq = NULL;
+    if (st->from_pool && rv == OSR_ECLOSED) {
+      stream_acquire(st); /* a dead pooled connection: take another */
+      return;
+    }
+    upstream_failed(st, rv);
+    stream_maybe_free(st);
+    return;
+  }
+  if (st->has_pending) {
+    st->has_pending = 0;
+    write_body_chunk(st, &st->pending);
+  } else if (st->req_eof) {
+    write_body_end(st);
+  }
+}
+
+static void on_client_connected(osr_http_client_t *c, int status, void *data)
+{
+  stream_acquired(data, c, status);
+}
+
+static void on_tunnel_for_stream(osr_sock_t *s, int status, int http_status, void *data)
+{
+  dp_stream_t *st = data;
+  if (status != 0) {
+    if (http_status > 0)
+      OSR_LOG_DEBUG(MOD, "tunnel to port %u refused by the agent: HTTP %d", st->port, http_status);
+    stream_acquired(st, NULL, status);
+    return;
+  }
+  osr_http_client_t base;
+  memset(&base, 0, sizeof(base));
+  base.loop = st->dp->loop;
+  base.authority = (char *)"localhost";
+  osr_http_limits_defaults(&base.limits);
+  base.limits.max_body = UINT64_MAX / 2;
+  base.idle_timeout_ms = st->dp->cfg.upstream_idle_ms;
+  osr_http_client_t *c = NULL;
+  int rv = osr__http1_client_new(s, &base, &c); /* closes s on error */
+  stream_acquired(st, rv == 0 ? c : NULL, rv);
+}
+
+static void stream_acquire(dp_stream_t *st)
+{
+  osr_dataplane_t *dp = st->dp;
+  /* A retry (st->retried) always takes a fresh connection. */
+  osr_http_client_t *c = st->retried ? NULL : pool_get(dp, st->addr, st->port, st->tls);
+  if (c != NULL) {
+    st->from_pool = 1;
+    stream_acquired(st, c, 0);
+    return;
+  }
+  st->from_pool = 0;
+  st->acquiring = 1;
+  int rv;
+  if (st->port == OSR_DP_ENVD_PORT) {
+    osr_http_client_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.tls = st->tls ? dp->client_tls : NULL;
+    o.connect_timeout_ms = DP_TUNNEL_TIMEOUT_MS;
+    o.idle_timeout_ms = dp->cfg.upstream_idle_ms;
+    o.limits.max_body = UINT64_MAX / 2; /* streamed: never buffered whole */
+    rv = osr_http_client_connect(dp->loop, st->addr, &o, on_client_connected, st);
+  } else {
+    rv = tunnel_open(dp, st->addr, st->tls, st->port, NULL, 0, on_tunnel_for_stream, st);
+  }
+  if (rv != 0) {
+    st->acquiring = 0;
+    upstream_failed(st, rv);
+    stream_maybe_free(st);
+  }
+}
+
+/* ========================================================================== */
+/* Upgrades: one tunnel per request, then splice                               */
+
+typedef struct sside_s {
+  dp_splice_t *sp;
+  osr_sock_t *s;
+  size_t inflight; /* bytes of s->input being written to the other side */
+  int eof;
+  int shut; /* the other side's write half was shut down */
+} sside_t;
+
+struct dp_splice_s {
+  osr_dataplane_t *dp;
+  dp_splice_t *prev, *next;
+  sside_t c, u; /* client, upstream (tunnel) */
+  int refs;     /* open sockets + a pending upgrade */
+  int dead;
+};
+
+static void sp_on_read(osr_sock_t *s, int status);
+static void sp_on_close(osr_sock_t *s);
+static const osr_sock_events_t sp_events = {sp_on_read, sp_on_close, NULL, NULL};
+
+static sside_t *sp_peer(sside_t *sd)
+{
+  return sd == &sd->sp->c ? &sd->sp->u : &sd->sp->c;
+}
+
+static void sp_kill(dp_splice_t *sp)
+{
+  sp->dead = 1;
+  if (sp->c.s != NULL)
+    osr_sock_close(sp->c.s);
+  if (sp->u.s != NULL)
+    osr_sock_close(sp->u.s);
+}
+
+static void sp_unref(dp_splice_t *sp)
+{
+  if (--sp->refs > 0)
+    return;
+  osr_dataplane_t *dp = sp->dp;
+  if (sp->prev != NULL)
+    sp->prev->next = sp->next;
+  else
+    dp->splices = sp->next;
+  if (sp->next != NULL)
+    sp->next->prev = sp->prev;
+  osr_free(sp);
+  dp->nsplices--;
+  if (dp->stopping)
+    osr__dp_maybe_finish(dp);
+}
+
+static void sp_on_close(osr_sock_t *s)
+{
+  sside_t *sd = s->data;
+  dp_splice_t *sp = sd->sp;
+  sd->s = NULL;
+  sp_kill(sp);
+  sp_unref(sp);
+}
+
+static void sp_on_shut(osr_sock_t *s, int status, void *arg)
+{
+  sside_t *sd = arg;
+  (void)s;
+  if (status != 0 || (sd->shut && sp_peer(sd)->shut))
+    sp_kill(sd->sp);
+}
+
+static void sp_propagate_eof(sside_t *sd)
+{
+  sside_t *pd = sp_peer(sd);
+  if (sd->shut || pd->s == NULL)
+    return;
+  sd->shut = 1;
+  if (osr_sock_shutdown(pd->s, sp_on_shut, sd) != 0)
+    sp_kill(sd->sp);
+}
+
+static void sp_on_written(osr_sock_t *dst, int status, void *arg)
+{
+  sside_t *sd = arg;
+  (void)dst;
+  if (status != 0 || sd->s == NULL) {
+    sp_kill(sd->sp);
+    return;
+  }
+  osr_buf_consume(&sd->s->input, sd->inflight);
+  sd->inflight = 0;
+  if (sd->eof && sd->s->input.len == 0)
+    sp_propagate_eof(sd);
+  else
+    osr_sock_read_start(sd->s); /* what is left, then new bytes */
+}
+
+static void sp_on_read(osr_sock_t *s, int status)
+{
+  sside_t *sd = s->data;
+  sside_t *pd = sp_peer(sd);
+  if (sd->sp->dead)
+    return;
+  if (status < 0 && status != OSR_EOF) {
+    sp_kill(sd->sp);
+    return;
+  }
+  if (status == OSR_EOF)
+    sd->eof = 1;
+  if (sd->inflight == 0 && s->input.len > 0 && pd->s != NULL) {
+    /* Zero copy: the write points into s->input, which does not move while
+     * reading is stopped; consumed in sp_on_written. */
+    osr_iovec_t iov = osr_iov(osr_buf_data(&s->input), s->input.len);
+    sd->inflight = iov.len;
+    osr_sock_read_stop(s);
+    if (osr_sock_write(pd->s, &iov, 1, sp_on_written, sd) != 0) {
+      sd->inflight = 0;
+      sp_kill(sd->sp);
+    }
+    return;
+  }
+  if (sd->eof && sd->inflight == 0)
+    sp_propagate_eof(sd);
+}
+
+void osr__dp_splices_close(osr_dataplane_t *dp)
+{
+  for (dp_splice_t *sp = dp->splices; sp != NULL; sp = sp->next)
+    sp_kill(sp);
+}
+
+static dp_splice_t *splice_new(osr_dataplane_t *dp, osr_sock_t *upstream)
+{
+  dp_splice_t *sp = osr_xcalloc(1, sizeof(*sp));
+  sp->dp = dp;
+  sp->c.sp = sp->u.sp = sp;
+  sp->u.s = upstream;
+  sp->refs = 2; /* the upstream socket + the pending client upgrade */
+  sp->next = dp->splices;
+  if (dp->splices != NULL)
+    dp->splices->prev = sp;
+  dp->splices = sp;
+  dp->nsplices++;
+  osr_sock_set_events(upstream, &sp_events, &sp->u);
+  return sp;
+}
+
+static void sp_on_upgraded(osr_sock_t *s, int status, void *arg)
+{
+  dp_splice_t *sp = arg;
+  if (status != 0 || s == NULL) {
+    sp_kill(sp);
+    sp_unref(sp); /* the pending upgrade's reference */
+    return;
+  }
+  /* The pending upgrade's reference becomes the client socket's. */
+  sp->c.s = s;
+  osr_sock_set_events(s, &sp_events, &sp->c);
+  osr_sock_set_idle_timeout(s, 0);
+  if (sp->dead) {
+    osr_sock_close(s);
+    return;
+  }
+  osr_sock_read_start(s); /* bytes the client sent after its request too */
+  if (sp->u.s != NULL)
+    osr_sock_read_start(sp->u.s);
+}
+
+typedef struct dp_upg_s {
+  osr_dataplane_t *dp;
+  osr_http_req_t *req;
+  char sid[OSR_DP_SID_MAX];
+} dp_upg_t;
+
+static void upg_req_done(osr_http_req_t *req, int status)
+{
+  dp_upg_t *u = req->data;
+  (void)status;
+  u->req = NULL;
+}
+
+static void upg_free(dp_upg_t *u)
+{
+  osr_dataplane_t *dp = u->dp;
+  osr_free(u);
+  dp->nstreams--;
+  if (dp->stopping)
+    osr__dp_maybe_finish(dp);
+}
+
+/* Parse the header lines of a response head [p, e) into h (slices). */
+static size_t parse_resp_headers(const char *p, const char *e, osr_http_header_t *h, size_t max)
+{
+  size_t n = 0;
+  const char *l = memchr(p, '\n', (size_t)(e - p));
+  l = l != NULL ? l + 1 : e;
+  while (l < e && n < max) {
+    const char *nl = memchr(l, '\n', (size_t)(e - l));
+    if (nl == NULL)
+      break;
+    const char *end = nl > l && nl[-1] == '\r' ? nl - 1 : nl;
+    const char *colon = memchr(l, ':', (size_t)(end - l));
+    if (colon != NULL && colon > l) {
+      const char *v = colon + 1;
+      while (v < end && (*v == ' ' || *v == '\t'))
+        v++;
+      const char *ve = end;
+      while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+        ve--;
+      h[n].name = osr_iov(l, (size_t)(colon - l));
+      h[n].value = osr_iov(v, (size_t)(ve - v));
+      if (!name_is(h[n].name, "date"))
+        n++;
+    }
+    l = nl + 1;
+  }
+  return n;
+}
+
+static void on_upg_head_read(osr_sock_t *s, int status);
+static void on_upg_close(osr_sock_t *s);
+static const osr_sock_events_t upg_events = {on_upg_head_read, on_upg_close, NULL, NULL};
+
+/* While waiting for the sandbox's answer head, the tunnel socket belongs to
+ * the dp_upg_t. */
+static void on_upg_close(osr_sock_t *s)
+{
+  dp_upg_t *u = s->data;
+  if (u->req != NULL) {
+    u->req->on_done = NULL;
+    osr__dp_error(u->req, 502, u->sid, "the port closed the connection");
+  }
+  upg_free(u);
+}
+
+static void on_upg_head_read(osr_sock_t *s, int status)
+{
+  dp_upg_t *u = s->data;
+  if (status < 0 || u->req == NULL) {
+    osr_sock_close(s);
+    return;
+  }
+  const char *p = osr_buf_data(&s->input);
+  const char *e = head_end(p, s->input.len);
+  if (e == NULL) {
+    if (s->input.len > DP_TUNNEL_HEAD_MAX)
+      osr_sock_close(s);
+    return;
+  }
+  osr_http_req_t *req = u->req;
+  int code = status_of(p, (size_t)(e - p));
+  if (code != 101) {
+    /* MVP: only switching answers are relayed on this path; anything else
+     * (the server refused the upgrade) is reported, not streamed. */
+    char msg[96];
+    snprintf(msg, sizeof(msg), "the port answered the upgrade with HTTP %d", code);
+    u->req = NULL;
+    req->on_done = NULL;
+    osr__dp_error(req, 502, u->sid, msg);
+    osr_sock_close(s); /* on_upg_close frees u */
+    return;
+  }
+  osr_http_header_t h[64];
+  size_t n = parse_resp_headers(p, e, h, OSR_ARRAY_SIZE(h));
+  osr_sock_read_stop(s);
+  dp_splice_t *sp = splice_new(u->dp, s);
+  req->on_done = NULL;
+  u->req = NULL;
+  int rv = osr_http_upgrade(req, h, n, sp_on_upgraded, sp); /* copies h */
+  osr_buf_consume(&s->input, (size_t)(e - p));              /* after the copy: h pointed into it */
+  u->dp->n_forwarded++;
+  upg_free(u);
+  if (rv != 0) {
+    osr__dp_error(req, 502, NULL, "upgrade failed");
+    sp_kill(sp);
+    sp_unref(sp);
+  }
+}
+
+static void on_upg_tunnel(osr_sock_t *s, int status, int http_status, void *data)
+{
+  dp_upg_t *u = data;
+  if (status != 0) {
+    u->dp->n_upstream_fail++;
+    if (u->req != NULL) {
+      u->req->on_done = NULL;
+      osr__dp_error(u->req, 502, u->sid,
+                    http_status == 502 ? "nothing listens on that port in the sandbox"
+                                       : "The sandbox was not found");
+    }
+    upg_free(u);
+    return;
+  }
+  if (u->req == NULL) {
+    osr_sock_set_events(s, &upg_events, u);
+    osr_sock_close(s);
+    return;
+  }
+  osr_sock_set_events(s, &upg_events, u);
+  osr_sock_set_idle_timeout(s, DP_TUNNEL_TIMEOUT_MS);
+  osr_sock_read_start(s);
+}
+
+/* The request head as the sandbox sees it: our credential removed, the
+ * rest (Connection, Upgrade, Sec-WebSocket-*) unchanged. */
+static char *upgrade_head(const osr_http_req_t *req, const char *target, dp_tok_src_t src,
+                          size_t *len)
+{
+  osr_buf_t b;
+  osr_buf_init(&b, 256 * 1024);
+  int rv = osr_buf_appendf(&b, "%.*s %s HTTP/1.1\r\nhost: %.*s\r\n", (int)req->method.len,
+                           req->method.base, target, (int)req->authority.len, req->authority.base);
+  for (size_t i = 0; rv == 0 && i < req->num_headers; i++) {
+    osr_iovec_t nm = req->headers[i].name;
+    if (name_is(nm, "host") || name_is(nm, "x-access-token") ||
+        (src == DP_TOK_BEARER && name_is(nm, "authorization")))
+      continue;
+    rv = osr_buf_appendf(&b, "%.*s: %.*s\r\n", (int)nm.len, nm.base, (int)req->headers[i].value.len,
+                         req->headers[i].value.base);
+  }
+  if (rv == 0)
+    rv = osr_buf_append(&b, "\r\n", 2);
+  if (rv != 0) {
+    osr_buf_dispose(&b);
+    return NULL;
+  }
+  return osr_buf_release(&b, len);
+}
+
+static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
+                            uint16_t port, const char *target, const char *sid,
+                            dp_tok_src_t tok_src)
+{
+  size_t hl = 0;
+  char *head = upgrade_head(req, target, tok_src, &hl);
+  if (head == NULL) {
+    osr__dp_error(req, 431, sid, "request head too large");
+    return;
+  }
+  dp_upg_t *u = osr_xcalloc(1, sizeof(*u));
+  u->dp = dp;
+  u->req = req;
+  snprintf(u->sid, sizeof(u->sid), "%s", sid);
+  dp->nstreams++;
+  req->data = u;
+  req->on_done = upg_req_done;
+  int rv = tunnel_open(dp, addr, tls, port, head, hl, on_upg_tunnel, u);
+  if (rv != 0) {
+    osr_free(head);
+    req->on_done = NULL;
+    osr__dp_error(req, 502, sid, "The sandbox was not found");
+    upg_free(u);
+  }
+}
+
+/* ========================================================================== */
+
+static int wants_upgrade(const osr_http_req_t *req)
+{
+  return req->version == 11 && !req->expect_body && osr_http_req_header(req, "upgrade") != NULL;
+}
+
+void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
+                     uint16_t port, const char *target, const char *sid, dp_tok_src_t tok_src)
+{
+  if (port != OSR_DP_ENVD_PORT && wants_upgrade(req)) {
+    forward_upgrade(dp, req, addr, tls, port, target, sid, tok_src);
+    return;
+  }
+  dp_stream_t *st = osr_xcalloc(1, sizeof(*st));
+  st->dp = dp;
+  st->req = req;
+  snprintf(st->addr, sizeof(st->addr), "%s", addr);
+  snprintf(st->sid, sizeof(st->sid), "%s", sid);
+  st->target = osr_xstrdup(target);
+  st->port = port;
+  st->tls = tls;
+  st->tok_src = tok_src;
+  st->req_cl = !req->expect_body ? 0 : req->content_length >= 0 ? req->content_length : -1;
+  if (st->req_cl == 0)
+    st->req_body_sent = 1;
+  dp->nstreams++;
+  req->data = st;
+  req->on_body = req_on_body;
+  req->on_done = req_on_done;
+  stream_acquire(st);
+}
