@@ -95,6 +95,7 @@ static int has_param(const char *params, const char *name)
   return 0;
 }
 
+#if defined(OSR_TLS_BORINGSSL)
 static int has_param_value(const char *params, const char *name, const char *value)
 {
   size_t n = strlen(name), vn = strlen(value);
@@ -109,6 +110,7 @@ static int has_param_value(const char *params, const char *name, const char *val
   }
   return 0;
 }
+#endif
 
 /* Append to a bounded buffer; once full, *len passes cap and stays there
  * (the caller checks len < cap) instead of writing past the end. */
