@@ -783,11 +783,6 @@ static int write_bundle(const lop_t *op)
   json_array_append_new(env, json_string("HOME=/home/user"));
   json_array_append_new(env, json_string("USER=user"));
   json_array_append_new(env, json_string("LANG=C.UTF-8"));
-  for (size_t off = 0; off < op->env_len;) {
-    const char *kv = op->env_blob + off;
-    json_array_append_new(env, json_string(kv));
-    off += strlen(kv) + 1;
-  }
   json_t *mounts = json_array();
 #define MNT(dst, type, src, o1, o2)                                                               \
   json_array_append_new(mounts, json_pack("{s:s, s:s, s:s, s:[s,s]}", "destination", (dst),         \
@@ -842,6 +837,16 @@ static int write_bundle(const lop_t *op)
     json_t *args = json_object_get(json_object_get(cfg, "process"), "args");
     json_array_remove(args, 4);
     json_array_remove(args, 3);
+  }
+  if (cfg != NULL) {
+    /* spec->env: the sandbox's variables for every process (see
+     * spawn_container). */
+    json_t *args = json_object_get(json_object_get(cfg, "process"), "args");
+    for (size_t off = 0; off < op->env_len;) {
+      json_array_append_new(args, json_string("--env"));
+      json_array_append_new(args, json_string(op->env_blob + off));
+      off += strlen(op->env_blob + off) + 1;
+    }
   }
   if (cfg == NULL)
     return OSR_ENOMEM;
@@ -1306,25 +1311,6 @@ static int spawn_container(lop_t *op)
     a[n++] = (char *)env[i][0];
     a[n++] = (char *)env[i][1];
   }
-  /* spec->env as KEY\0VALUE\0 pairs in env_blob (split in create). */
-  char *envp[L_MAX_ENV];
-  int nenv = 0;
-  for (size_t off = 0; off < op->env_len && nenv < L_MAX_ENV;) {
-    envp[nenv++] = op->env_blob + off;
-    off += strlen(op->env_blob + off) + 1;
-  }
-  char keys[L_MAX_ENV][128];
-  for (int i = 0; i < nenv; i++) {
-    const char *eq = strchr(envp[i], '=');
-    size_t kl = eq != NULL ? (size_t)(eq - envp[i]) : strlen(envp[i]);
-    if (kl >= sizeof(keys[i]))
-      kl = sizeof(keys[i]) - 1;
-    memcpy(keys[i], envp[i], kl);
-    keys[i][kl] = '\0';
-    a[n++] = "--setenv";
-    a[n++] = keys[i];
-    a[n++] = eq != NULL ? (char *)eq + 1 : "";
-  }
   a[n++] = "--";
   a[n++] = L_AGENT_IN;
   a[n++] = "--listen";
@@ -1332,6 +1318,14 @@ static int spawn_container(lop_t *op)
   if (op->token[0] != '\0') { /* no token: the agent runs open (envd semantics) */
     a[n++] = "--token-file";
     a[n++] = "/run/osr-secret/token";
+  }
+  /* spec->env (KEY=VALUE\0... in env_blob): the sandbox's variables, which
+   * the agent gives every process it starts (envd's envVars). Not the
+   * agent's own environment: envd builds children's environments itself. */
+  for (size_t off = 0; off < op->env_len && n < (int)OSR_ARRAY_SIZE(a) - 3;) {
+    a[n++] = "--env";
+    a[n++] = op->env_blob + off;
+    off += strlen(op->env_blob + off) + 1;
   }
   a[n] = NULL;
 
@@ -2125,8 +2119,11 @@ static int start_create(lp_t *lp, const osr_sandbox_spec_t *spec, osr_isolation_
     return OSR_PERR_INVALID; /* local templates map to bases; only the host userland so far */
 
   /* Warm pool: hand out a fully ready sandbox when one fits. */
+  /* Not for a create without a token: the warm agent already requires its
+   * pool token and /init cannot make an agent open again. */
   if (kind == K_CREATE && snapshot == NULL && !lp->pool_disabled &&
-      mem == lp->mem_default && vcpus == lp->vcpus_default) {
+      mem == lp->mem_default && vcpus == lp->vcpus_default && spec->agent_token != NULL &&
+      spec->agent_token[0] != '\0') {
     lsb_t *w = pool_take(lp, iso, tmpl);
     if (w != NULL) {
       lop_t *op = op_new(lp, K_CREATE, w, (void *)cb, data);
@@ -2158,7 +2155,16 @@ static int start_create(lp_t *lp, const osr_sandbox_spec_t *spec, osr_isolation_
         }
         off += strlen(kv) + 1;
       }
-      json_t *body = json_pack("{s:s, s:o}", "accessToken", op->token, "envVars", envs);
+      /* envd's /init body; the timestamp makes a delayed duplicate a no-op. */
+      char ts[40];
+      int64_t ms = now_ms();
+      time_t secs = (time_t)(ms / 1000);
+      struct tm tm;
+      gmtime_r(&secs, &tm);
+      fmt(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+          tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+      json_t *body = json_pack("{s:s, s:o, s:s}", "accessToken", op->token, "envVars", envs,
+                               "timestamp", ts);
       op->init_json = json_dumps(body, JSON_COMPACT);
       json_decref(body);
       op->step = S_HANDOFF_WRITE;

@@ -57,9 +57,14 @@ struct agent_s {
   char *token; /**< NULL: no access token (open) */
   size_t ring_bytes;
   size_t max_procs;
-  const char *workdir; /**< default cwd, NULL = the user's home */
+  char *workdir;       /**< default cwd (owned), NULL = the user's home; set by --workdir
+                            or POST /init defaultWorkdir. Loop thread only: jobs copy it. */
+  char default_user[64]; /**< user for requests that name none ("" = the agent's own);
+                              --default-user, POST /init defaultUser, or "user" when the
+                              agent runs as root and that user exists (envd's default) */
   char **envs;         /**< --env K=V (sandbox env vars), NULL-terminated */
   size_t nenvs;
+  int64_t init_ts_ns;  /**< newest POST /init timestamp applied (envd's lastSetTime) */
   agent_user_t self; /**< who the agent runs as */
   int is_root;
   int shutting_down;
@@ -78,8 +83,9 @@ extern agent_t osr__agent;
  *  own user when the agent is not root or the user does not exist. */
 void osr__agent_resolve_user(const agent_t *a, const char *name, agent_user_t *out);
 
-/** The username from "Authorization: Basic base64(user:)" into out ("" if
- *  absent or malformed). */
+/** The username from "Authorization: Basic base64(user:)" into out; the
+ *  agent's default user (a->default_user, possibly "") if absent or
+ *  malformed. Loop thread only. */
 void osr__agent_req_username(const osr_http_req_t *req, char *out, size_t outsz);
 
 /** Resolve `path` against `home` (relative paths, "~" and "~/..."), into
@@ -176,6 +182,14 @@ void osr__agent_fs_watch_dir(agent_call_t *call);
 void osr__agent_files(agent_t *a, osr_http_req_t *req);
 /** GET /_osr/ports/{port} with Upgrade: osr-tcp. */
 void osr__agent_port_forward(agent_t *a, osr_http_req_t *req);
+
+/** POST /init (envd's orchestrator call, docs/agent.md). */
+void osr__agent_init(agent_t *a, osr_http_req_t *req);
+/** Set (or add) one sandbox env var K=V in a->envs; `kv` is copied. */
+void osr__agent_setenv(agent_t *a, const char *kv);
+/** Parse an RFC 3339 time ("2024-01-02T03:04:05.123Z", "+01:00" offsets)
+ *  into ns since the epoch. Returns 0 or -1. */
+int osr__agent_parse_rfc3339(const char *s, int64_t *ns);
 
 /** Send {"code":status,"message":msg} (the envd /files error shape). */
 void osr__agent_send_http_error(osr_http_req_t *req, int status, const char *msg);

@@ -57,7 +57,10 @@ void osr__agent_resolve_user(const agent_t *a, const char *name, agent_user_t *o
 
 void osr__agent_req_username(const osr_http_req_t *req, char *out, size_t outsz)
 {
-  out[0] = '\0';
+  /* No user named: the default user (envd's defaultUser), copied here on
+   * the loop thread so jobs never read a->default_user while /init may
+   * change it. */
+  snprintf(out, outsz, "%s", osr__agent.default_user);
   const osr_iovec_t *v = osr_http_req_header(req, "authorization");
   if (v == NULL || v->len < 7 || v->len > 400 || strncasecmp(v->base, "Basic ", 6) != 0)
     return;
@@ -67,7 +70,7 @@ void osr__agent_req_username(const osr_http_req_t *req, char *out, size_t outsz)
     return;
   const char *colon = memchr(dec, ':', (size_t)n);
   size_t ulen = colon != NULL ? (size_t)(colon - dec) : (size_t)n;
-  if (ulen >= outsz)
+  if (ulen == 0 || ulen >= outsz)
     return;
   memcpy(out, dec, ulen);
   out[ulen] = '\0';
@@ -119,6 +122,203 @@ void osr__agent_send_http_error(osr_http_req_t *req, int status, const char *msg
   json_decref(j);
   osr_http_send(req, status, "application/json", s, s != NULL ? strlen(s) : 0);
   osr_json_free(s);
+}
+
+/* ---- POST /init (envd's orchestrator call) ------------------------------------------ */
+
+void osr__agent_setenv(agent_t *a, const char *kv)
+{
+  size_t kl = (size_t)(strchr(kv, '=') - kv);
+  for (size_t i = 0; i < a->nenvs; i++) {
+    if (strncmp(a->envs[i], kv, kl + 1) == 0) {
+      osr_free(a->envs[i]);
+      a->envs[i] = osr_xstrdup(kv);
+      return;
+    }
+  }
+  a->envs = osr_xrealloc(a->envs, (a->nenvs + 2) * sizeof(char *));
+  a->envs[a->nenvs++] = osr_xstrdup(kv);
+  a->envs[a->nenvs] = NULL;
+}
+
+static int digits(const char **p, int n, int *out)
+{
+  int v = 0;
+  for (int i = 0; i < n; i++, (*p)++) {
+    if (**p < '0' || **p > '9')
+      return -1;
+    v = v * 10 + (**p - '0');
+  }
+  *out = v;
+  return 0;
+}
+
+int osr__agent_parse_rfc3339(const char *s, int64_t *ns)
+{
+  int Y, M, D, h, m, sec;
+  const char *p = s;
+  if (digits(&p, 4, &Y) || *p++ != '-' || digits(&p, 2, &M) || *p++ != '-' ||
+      digits(&p, 2, &D) || (*p != 'T' && *p != 't' && *p != ' ') || !*p++ ||
+      digits(&p, 2, &h) || *p++ != ':' || digits(&p, 2, &m) || *p++ != ':' ||
+      digits(&p, 2, &sec))
+    return -1;
+  if (M < 1 || M > 12 || D < 1 || D > 31 || h > 23 || m > 59 || sec > 60)
+    return -1;
+  int64_t frac = 0;
+  if (*p == '.') {
+    p++;
+    int n = 0;
+    while (*p >= '0' && *p <= '9') {
+      if (n < 9)
+        frac = frac * 10 + (*p - '0');
+      n++;
+      p++;
+    }
+    if (n == 0)
+      return -1;
+    for (; n < 9; n++)
+      frac *= 10;
+  }
+  int64_t off = 0;
+  if (*p == 'Z' || *p == 'z') {
+    p++;
+  } else if (*p == '+' || *p == '-') {
+    int sign = *p++ == '-' ? -1 : 1, oh, om;
+    if (digits(&p, 2, &oh) || *p++ != ':' || digits(&p, 2, &om) || oh > 23 || om > 59)
+      return -1;
+    off = sign * (int64_t)(oh * 3600 + om * 60);
+  } else {
+    return -1;
+  }
+  if (*p != '\0')
+    return -1;
+  /* Days from the civil date (Howard Hinnant's algorithm): no timegm, no
+   * locale, no TZ lookups. */
+  int y = Y - (M <= 2);
+  int64_t era = (y >= 0 ? y : y - 399) / 400;
+  int64_t yoe = y - era * 400;
+  int64_t doy = (153 * (M + (M > 2 ? -3 : 9)) + 2) / 5 + D - 1;
+  int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  int64_t days = era * 146097 + doe - 719468;
+  *ns = ((days * 86400 + h * 3600 + m * 60 + sec) - off) * 1000000000 + frac;
+  return 0;
+}
+
+/* Apply an /init body. Validates everything before changing anything, so a
+ * bad request changes nothing. Returns 0 or an error message. */
+static const char *apply_init(agent_t *a, json_t *j)
+{
+  json_t *ts = json_object_get(j, "timestamp");
+  json_t *env = json_object_get(j, "envVars");
+  json_t *tok = json_object_get(j, "accessToken");
+  json_t *user = json_object_get(j, "defaultUser");
+  json_t *wd = json_object_get(j, "defaultWorkdir");
+  int64_t t = 0;
+  const char *k;
+  json_t *v;
+  if (ts != NULL && !json_is_null(ts) &&
+      (!json_is_string(ts) || osr__agent_parse_rfc3339(json_string_value(ts), &t) != 0))
+    return "timestamp: expected an RFC 3339 time";
+  if (env != NULL && !json_is_null(env)) {
+    if (!json_is_object(env) || json_object_size(env) > 1024)
+      return "envVars: expected an object of at most 1024 strings";
+    json_object_foreach(env, k, v)
+    {
+      if (!json_is_string(v) || k[0] == '\0' || strchr(k, '=') != NULL ||
+          strlen(k) + json_string_length(v) > 65536)
+        return "envVars: names must be non-empty without '=', values strings";
+    }
+  }
+  /* An empty token would open the API: refuse it rather than guess. */
+  if (tok != NULL && !json_is_null(tok) &&
+      (!json_is_string(tok) || json_string_length(tok) == 0 || json_string_length(tok) > 4096))
+    return "accessToken: expected a non-empty string";
+  if (user != NULL && !json_is_null(user) &&
+      (!json_is_string(user) || json_string_length(user) >= sizeof(a->default_user)))
+    return "defaultUser: expected a user name";
+  if (wd != NULL && !json_is_null(wd) &&
+      (!json_is_string(wd) || json_string_length(wd) >= 4096 ||
+       (json_string_length(wd) > 0 && json_string_value(wd)[0] != '/')))
+    return "defaultWorkdir: expected an absolute path";
+
+  /* envd (lastSetTime.SetToGreater): an /init older than the newest one
+   * applied is acknowledged and ignored, so a delayed retry cannot undo a
+   * newer call. Without a timestamp it always applies. */
+  if (ts != NULL && !json_is_null(ts)) {
+    if (t <= a->init_ts_ns) {
+      OSR_LOG_INFO("agent", "/init: timestamp not newer than the last one, ignored");
+      return NULL;
+    }
+    a->init_ts_ns = t;
+  }
+  if (json_is_object(env)) {
+    json_object_foreach(env, k, v)
+    {
+      size_t kl = strlen(k), vl = json_string_length(v);
+      char *kv = osr_xmalloc(kl + vl + 2);
+      memcpy(kv, k, kl);
+      kv[kl] = '=';
+      memcpy(kv + kl + 1, json_string_value(v), vl + 1);
+      osr__agent_setenv(a, kv);
+      osr_free(kv);
+    }
+  }
+  if (json_is_string(tok)) {
+    /* The swap is atomic for every request: all token checks run on this
+     * thread, before and after this line. Requests already accepted keep
+     * running; the next one needs the new token. */
+    osr_free(a->token);
+    a->token = osr_xstrdup(json_string_value(tok));
+  }
+  if (json_is_string(user))
+    snprintf(a->default_user, sizeof(a->default_user), "%s", json_string_value(user));
+  if (json_is_string(wd)) {
+    osr_free(a->workdir);
+    a->workdir = json_string_length(wd) > 0 ? osr_xstrdup(json_string_value(wd)) : NULL;
+  }
+  OSR_LOG_INFO("agent", "/init: %zu env vars%s%s%s", json_is_object(env) ? json_object_size(env) : 0,
+               json_is_string(tok) ? ", new access token" : "",
+               json_is_string(user) ? ", default user " : "",
+               json_is_string(user) ? a->default_user : "");
+  return NULL;
+}
+
+static void on_init_body(osr_http_req_t *req, osr_iovec_t body, int status)
+{
+  agent_t *a = &osr__agent;
+  if (status != 0) {
+    osr__agent_send_http_error(req, status == OSR_ETOOLARGE ? 413 : 400, "bad request body");
+    return;
+  }
+  const char *err = NULL;
+  json_t *j = NULL;
+  if (body.len > 0) {
+    json_error_t jerr;
+    j = json_loadb(body.base, body.len, JSON_REJECT_DUPLICATES, &jerr);
+    if (j == NULL || !json_is_object(j))
+      err = "the body is not a JSON object";
+  }
+  if (err == NULL && j != NULL)
+    err = apply_init(a, j);
+  json_decref(j);
+  if (err != NULL) {
+    osr__agent_send_http_error(req, 400, err);
+    return;
+  }
+  osr_http_header_t h = {OSR_IOV_LIT("cache-control"), OSR_IOV_LIT("no-store")};
+  if (osr_http_respond(req, 204, &h, 1, 0) == 0)
+    osr_http_write(req, NULL, 0, 1, NULL, NULL);
+}
+
+void osr__agent_init(agent_t *a, osr_http_req_t *req)
+{
+  (void)a;
+  if (req->method.len != 4 || memcmp(req->method.base, "POST", 4) != 0) {
+    osr__agent_send_http_error(req, 405, "method not allowed");
+    return;
+  }
+  if (osr_http_req_read_body(req, 1 << 20, on_init_body) != 0)
+    osr__agent_send_http_error(req, 500, "cannot read the request body");
 }
 
 /* ---- routing -------------------------------------------------------------------- */
@@ -177,6 +377,10 @@ static void on_request(osr_http_req_t *req, void *data)
     osr__agent_files(a, req);
     return;
   }
+  if (path_is(req, "/init")) {
+    osr__agent_init(a, req);
+    return;
+  }
   if (path_is(req, "/_osr/info") && method_is(req, "GET")) {
     json_t *j = json_pack("{s:s,s:s,s:s,s:I}", "envdVersion", OSR_AGENT_ENVD_VERSION, "version",
                           OSR_VERSION, "user", a->self.name, "processes", (json_int_t)a->nprocs);
@@ -223,6 +427,7 @@ static void usage(FILE *f)
 {
   fprintf(f, "usage: osr-agent [--listen ADDR]... [--token-file F] [--ring-bytes N]\n"
              "                 [--max-processes N] [--workdir DIR] [--env K=V]...\n"
+             "                 [--default-user NAME]\n"
              "                 [--log-level trace|debug|info|warn|error|off] [--log-json]\n"
              "       osr-agent --version\n"
              "ADDR: unix:/run/osr/agent.sock, 0.0.0.0:49983, [::1]:0 ...\n"
@@ -261,6 +466,7 @@ int main(int argc, char **argv)
   const char *listen[16];
   size_t nlisten = 0;
   const char *token_file = NULL;
+  const char *default_user = NULL;
   uint64_t v;
 
   memset(a, 0, sizeof(*a));
@@ -303,16 +509,21 @@ int main(int argc, char **argv)
       }
       a->max_procs = (size_t)v;
     } else if (strcmp(o, "--workdir") == 0) {
-      a->workdir = argv[++i];
+      osr_free(a->workdir);
+      a->workdir = osr_xstrdup(argv[++i]);
+    } else if (strcmp(o, "--default-user") == 0) {
+      default_user = argv[++i];
+      if (strlen(default_user) >= sizeof(a->default_user)) {
+        fprintf(stderr, "osr-agent: --default-user is too long\n");
+        return 2;
+      }
     } else if (strcmp(o, "--env") == 0) {
       const char *kv = argv[++i];
       if (strchr(kv, '=') == NULL || kv[0] == '=') {
         fprintf(stderr, "osr-agent: --env wants K=V\n");
         return 2;
       }
-      a->envs = osr_xrealloc(a->envs, (a->nenvs + 2) * sizeof(char *));
-      a->envs[a->nenvs++] = osr_xstrdup(kv);
-      a->envs[a->nenvs] = NULL;
+      osr__agent_setenv(a, kv);
     } else if (strcmp(o, "--log-level") == 0) {
       osr_log_level_t l;
       if (osr_log_parse_level(argv[++i], &l) != 0) {
@@ -351,6 +562,17 @@ int main(int argc, char **argv)
     snprintf(a->self.home, sizeof(a->self.home), "%s", h != NULL ? h : "/");
     a->self.uid = getuid();
     a->self.gid = getgid();
+  }
+  /* The default user of requests that name none. envd's sandboxes run
+   * commands as "user" (home /home/user) unless told otherwise; an agent
+   * running as root does the same when that user exists. Start-up, before
+   * the loop: a blocking getpwnam is fine here. */
+  if (default_user != NULL) {
+    snprintf(a->default_user, sizeof(a->default_user), "%s", default_user);
+  } else if (a->is_root) {
+    agent_user_t u;
+    if (fill_user("user", 0, 1, &u) == 0)
+      snprintf(a->default_user, sizeof(a->default_user), "user");
   }
 
   signal(SIGPIPE, SIG_IGN);
@@ -391,5 +613,6 @@ int main(int argc, char **argv)
     osr_free(a->envs[i]);
   osr_free(a->envs);
   osr_free(a->token);
+  osr_free(a->workdir);
   return 0;
 }

@@ -421,6 +421,8 @@ typedef struct start_job_s {
   agent_call_t *call;
   agent_user_t user;
   char cwd[4096];
+  char workdir[4096]; /* a->workdir at submission ("" = the user's home): POST /init
+                         may change a->workdir while the job runs */
   int cwd_given;
   int cwd_err;
 } start_job_t;
@@ -442,7 +444,7 @@ static void start_work(uv_work_t *w)
       j->cwd_err = UV_ENOTDIR;
     return;
   }
-  const char *dflt = a->workdir != NULL ? a->workdir : j->user.home;
+  const char *dflt = j->workdir[0] != '\0' ? j->workdir : j->user.home;
   snprintf(j->cwd, sizeof(j->cwd), "%s", dflt);
   if (stat(j->cwd, &st) != 0 || !S_ISDIR(st.st_mode))
     snprintf(j->cwd, sizeof(j->cwd), "/");
@@ -699,6 +701,8 @@ void osr__agent_process_start(agent_call_t *call)
   }
   start_job_t *j = osr_xcalloc(1, sizeof(*j));
   j->call = call;
+  if (a->workdir != NULL)
+    snprintf(j->workdir, sizeof(j->workdir), "%s", a->workdir);
   if (uv_queue_work(a->loop, &j->w, start_work, start_after) != 0) {
     osr_free(j);
     agent_call_error(call, OSR_CX_INTERNAL, "cannot queue work");

@@ -328,6 +328,67 @@ class Auth(unittest.TestCase):
             _, out, _, _, _, _ = collect_process(start_sh(agent, "env"))
             self.assertNotIn(agent.token.encode(), out)
 
+    def init(self, agent, body, token=True):
+        r, data = agent.http("POST", "/init", body=json.dumps(body).encode(), token=token,
+                             headers={"Content-Type": "application/json"})
+        return r.status, data
+
+    def test_init(self):
+        """POST /init (envd's orchestrator call): only with the current token,
+        swaps the token atomically, merges envVars, sets the default user and
+        workdir, ignores an older timestamp."""
+        with Agent(extra=["--env", "KEEP=1", "--env", "A=old"]) as agent:
+            old = agent.token
+            # Refused without/with a wrong token; nothing changes.
+            self.assertEqual(self.init(agent, {"accessToken": "evil"}, token=False)[0], 401)
+            self.assertEqual(self.init(agent, {"accessToken": "evil"}, token="nope")[0], 401)
+            self.assertEqual(agent.unary("process.Process/List", {})[0], 200)
+            # Bad bodies: 400 and nothing applied.
+            for bad in ({"accessToken": ""}, {"accessToken": 5}, {"envVars": {"A=B": "x"}},
+                        {"envVars": ["x"]}, {"timestamp": "yesterday"}, {"defaultWorkdir": "rel"},
+                        {"accessToken": "t2", "envVars": {"X": 1}}):
+                self.assertEqual(self.init(agent, bad)[0], 400, bad)
+            r, data = agent.http("POST", "/init", body=b"{nope", headers={"Content-Type": "application/json"})
+            self.assertEqual(r.status, 400)
+            self.assertEqual(agent.unary("process.Process/List", {})[0], 200)
+            r, _ = agent.http("GET", "/init")
+            self.assertEqual(r.status, 405)
+            # The swap.
+            ws = tempfile.mkdtemp(prefix="osr-init-")
+            self.addCleanup(shutil.rmtree, ws, True)
+            st, _ = self.init(agent, {"accessToken": "tok-new", "envVars": {"A": "new", "B": "b"},
+                                      "defaultWorkdir": ws, "timestamp": "2030-01-02T03:04:05.5Z"})
+            self.assertEqual(st, 204)
+            self.assertEqual(agent.unary("process.Process/List", {})[0], 401)
+            agent.token = "tok-new"
+            _, out, _, end, _, _ = collect_process(start_sh(agent, "echo $KEEP $A $B; pwd"))
+            self.assertEqual(out, ("1 new b\n%s\n" % ws).encode())
+            # An older (or equal) timestamp is acknowledged and ignored ...
+            st, _ = self.init(agent, {"accessToken": "tok-old", "timestamp": "2030-01-02T04:04:05+01:00"})
+            self.assertEqual(st, 204)
+            self.assertEqual(agent.unary("process.Process/List", {})[0], 200)
+            # ... a newer one applies; an empty body is fine (envd).
+            st, _ = self.init(agent, {"defaultUser": "nobody", "timestamp": "2030-01-02T03:04:06Z"})
+            self.assertEqual(st, 204)
+            r, _ = agent.http("POST", "/init", body=b"", headers={"Content-Type": "application/json"})
+            self.assertEqual(r.status, 204)
+            if os.geteuid() == 0:
+                # Root agent: the default user applies to requests naming none.
+                _, out, _, _, _, _ = collect_process(start_sh(agent, "id -un"))
+                self.assertEqual(out, b"nobody\n")
+                # A request naming a user still gets that user.
+                h = {"Authorization": "Basic " + b64(b"root:")}
+                _, out, _, _, _, _ = collect_process(start_sh(agent, "id -un", headers=h))
+                self.assertEqual(out, b"root\n")
+            self.assertNotEqual(old, agent.token)
+
+    def test_default_user_flag(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to switch users")
+        with Agent(extra=["--default-user", "nobody"]) as agent:
+            _, out, _, _, _, _ = collect_process(start_sh(agent, "id -un; echo $HOME $USER"))
+            self.assertEqual(out, b"nobody\n/nonexistent nobody\n")
+
     def test_env_token_and_signed_url(self):
         with Agent(token=None, env={"OSR_AGENT_TOKEN": "envtok"}) as agent:
             agent.token = "envtok"

@@ -76,7 +76,7 @@ class Sandbox:
         body = json.dumps(msg).encode()
         c.request("POST", "/process.Process/Start", body=struct.pack(">BI", 0, len(body)) + body,
                   headers={"Content-Type": "application/connect+json",
-                           "Connect-Protocol-Version": "1", "X-Access-Token": self.token})
+                           "Connect-Protocol-Version": "1", **self.auth()})
         r = c.getresponse()
         if r.status != 200:
             raise AssertionError("Start: HTTP %d %r" % (r.status, r.read()))
@@ -105,10 +105,13 @@ class Sandbox:
             raise AssertionError("no end event; stderr %r" % bytes(err))
         return end.get("exitCode", 0), bytes(out), bytes(err)
 
+    def auth(self):
+        return {"X-Access-Token": self.token} if self.token else {}
+
     def unary(self, method, msg):
         c = UnixHTTP(self.sock)
         c.request("POST", "/" + method, body=json.dumps(msg).encode(),
-                  headers={"Content-Type": "application/json", "X-Access-Token": self.token})
+                  headers={"Content-Type": "application/json", **self.auth()})
         r = c.getresponse()
         data = r.read()
         c.close()
@@ -266,10 +269,11 @@ class Base(unittest.TestCase):
 class ExecMixin:
     def test_exec_through_agent(self):
         d = self.driver()
-        sb = self.create(d)
-        code, out, _ = sb.start("id -un; hostname; echo $HOME")
+        sb = self.create(d, env={"FOO": "bar"})
+        code, out, _ = sb.start("id -un; hostname; echo $HOME; pwd; echo $FOO")
         self.assertEqual(code, 0)
-        self.assertEqual(out.split(), [b"user", b"sandbox", b"/home/user"])
+        # The create's env reaches every process (envd's envVars).
+        self.assertEqual(out.split(), [b"user", b"sandbox", b"/home/user", b"/home/user", b"bar"])
         # Binary-safe output: every byte value, twice.
         code, out, _ = sb.start("python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256))*2)'")
         self.assertEqual((code, out), (0, bytes(range(256)) * 2))
@@ -534,33 +538,66 @@ class Restart(Base):
 class WarmPool(Base):
     CLASS = "container"
 
-    def test_warm_create(self):
-        d = self.driver(warm_pool={"container": 1})
-        # Wait for the pool to fill (a directory with a warm meta file).
-        warm = None
-        for _ in range(200):
+    def wait_warm(self, cls, exclude=()):
+        """The provider id of a ready warm sandbox of `cls` (meta.json says so)."""
+        for _ in range(600):
             for n in os.listdir(self.state):
+                if n in exclude:
+                    continue
                 try:
                     with open(os.path.join(self.state, n, "meta.json")) as f:
                         m = json.load(f)
-                    if m["warm"] and m["ready"]:
-                        warm = n
-                except (OSError, ValueError):
+                    if m["warm"] and m["ready"] and m["class"] == cls:
+                        return n
+                except (OSError, ValueError, KeyError):
                     pass
-            if warm:
-                break
             time.sleep(0.05)
-        self.assertIsNotNone(warm, "the pool never filled")
+        self.fail("the %s pool never filled" % cls)
+
+    def run_warm(self, cls):
+        d = self.driver(warm_pool={cls: 1})
+        warm = self.wait_warm(cls)
         tok = "tok-" + os.urandom(8).hex()
-        a = d.call("create", **{"class": "container", "sandbox_id": "w1", "token": tok})
-        if a["status"] != "ok":
-            # The handoff needs POST /init in the agent (envd's orchestrator call).
-            self.skipTest("warm handoff refused (%s): osr-agent lacks POST /init" % a["status"])
+        a = d.call("create", **{"class": cls, "sandbox_id": "w1", "token": tok,
+                                "env": {"FOO": "bar baz", "PATH": "/usr/bin:/bin"}})
+        self.assertEqual(a["status"], "ok", a)
+        # It is the pool's sandbox, handed over with POST /init.
         self.assertEqual(a["resource"]["provider_id"], warm)
+        self.assertEqual(a["resource"]["sandbox_id"], "w1")
         sb = Sandbox(a["resource"], tok)
         self.made.append(sb.id)
-        self.assertEqual(sb.start("echo warm")[1], b"warm\n")
-        self.assertEqual(d.call("destroy", provider_id=sb.id)["status"], "ok")
+        code, out, _ = sb.start("echo warm $FOO; id -un; pwd")
+        self.assertEqual((code, out), (0, b"warm bar baz\nuser\n/home/user\n"))
+        # The pool token no longer works; the meta record carries the label.
+        st, _ = Sandbox(a["resource"], "pool-" + warm).unary("process.Process/List", {})
+        self.assertEqual(st, 401)
+        with open(os.path.join(self.state, warm, "meta.json")) as f:
+            m = json.load(f)
+        self.assertEqual((m["warm"], m["osr.dev/sandbox-id"]), (False, "w1"))
+        # The pool refills in the background with a new sandbox.
+        again = self.wait_warm(cls, exclude=(warm,))
+        self.assertNotEqual(again, warm)
+        # A create without a token is never served from the pool (the warm
+        # agent cannot become open again).
+        a = d.call("create", **{"class": cls, "sandbox_id": "w2"})
+        self.assertEqual(a["status"], "ok", a)
+        self.assertNotEqual(a["resource"]["provider_id"], again)
+        self.made.append(a["resource"]["provider_id"])
+        self.assertEqual(Sandbox(a["resource"], "").start("echo open")[1], b"open\n")
+        for pid in (sb.id, a["resource"]["provider_id"]):
+            self.assertEqual(d.call("destroy", provider_id=pid)["status"], "ok")
+        # Closing the provider destroys the warm one it refilled.
+        d.close()
+        self.assertFalse(os.path.exists(os.path.join(self.state, again)))
+
+    def test_warm_create_container(self):
+        self.run_warm("container")
+
+    def test_warm_create_gvisor(self):
+        why = runtime_problem("gvisor")
+        if why:
+            self.skipTest("gvisor class: " + why)
+        self.run_warm("gvisor")
 
 
 if __name__ == "__main__":
