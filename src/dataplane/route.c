@@ -232,30 +232,28 @@ int osr__dp_target(osr_iovec_t path, osr_iovec_t query, char *out, size_t outlen
 
 int osr__dp_endpoint(const char *ep, char *addr, size_t addrlen, int *tls)
 {
+  size_t skip = 0;
+  int is_unix = strncmp(ep, "unix:", 5) == 0;
   *tls = 0;
-  const char *rest = ep;
-  if (strncmp(ep, "unix:", 5) == 0) {
-    rest = ep;
-  } else if (strncmp(ep, "http://", 7) == 0) {
-    rest = ep + 7;
+  if (strncmp(ep, "http://", 7) == 0) {
+    skip = 7;
   } else if (strncmp(ep, "https://", 8) == 0) {
-    rest = ep + 8;
+    skip = 8;
     *tls = 1;
   }
-  size_t n = strcspn(rest, "/"); /* drop a trailing path */
-  if (strncmp(ep, "unix:", 5) == 0)
-    n = strlen(rest);
+  /* host:port up to a trailing path (unix paths are taken whole). */
+  size_t n = 0;
+  while (ep[skip + n] != '\0' && (is_unix || ep[skip + n] != '/'))
+    n++;
   if (n == 0 || n + 5 >= addrlen)
     return OSR_EINVAL;
-  memcpy(addr, rest, n);
+  memcpy(addr, ep + skip, n);
   addr[n] = '\0';
   osr_addr_t a;
   if (osr_addr_parse(addr, &a) != 0) {
     if (!*tls)
       return OSR_EINVAL;
-    /* https://host without a port */
-    size_t l = strlen(addr);
-    memcpy(addr + l, ":443", 5);
+    memcpy(addr + n, ":443", 5); /* https://host without a port */
     if (osr_addr_parse(addr, &a) != 0)
       return OSR_EINVAL;
   }
