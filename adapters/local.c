@@ -47,6 +47,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -296,6 +297,48 @@ static int mkdir_owned(const char *path, mode_t mode, uid_t uid)
   if (uid != (uid_t)-1 && chown(path, uid, uid) != 0)
     return -errno;
   return chmod(path, mode) == 0 ? 0 : -errno;
+}
+
+/* mkdir -p: missing components are created 0711 (traversable, not
+ * listable), existing ones are left as they are (worker). */
+static int mkdir_p(const char *path)
+{
+  char tmp[L_PATH];
+  fmt(tmp, sizeof(tmp), "%s", path);
+  for (char *s = tmp + 1; ; s++) {
+    if (*s != '/' && *s != '\0')
+      continue;
+    char c = *s;
+    *s = '\0';
+    if (mkdir(tmp, 0711) != 0 && errno != EEXIST)
+      return -errno;
+    *s = c;
+    if (c == '\0')
+      return 0;
+  }
+}
+
+/* Can every uid traverse `path`? Each existing component must be o+x;
+ * missing ones will be created 0711 by mkdir_p. Called once at init on
+ * local metadata only. */
+static int path_traversable(const char *path)
+{
+  char tmp[L_PATH];
+  fmt(tmp, sizeof(tmp), "%s", path);
+  for (char *s = tmp + 1; ; s++) {
+    if (*s != '/' && *s != '\0')
+      continue;
+    char c = *s;
+    *s = '\0';
+    struct stat st;
+    if (stat(tmp, &st) != 0)
+      return 1; /* from here on we create it */
+    if (!(st.st_mode & S_IXOTH))
+      return 0;
+    *s = c;
+    if (c == '\0')
+      return 1;
+  }
 }
 
 /* rm -rf without following symlinks, bounded depth (worker). */
@@ -872,10 +915,8 @@ static void prep_work(uv_work_t *w)
 
   /* The state directory must be traversable by the sandbox uids (bwrap
    * resolves its bind sources as that uid). */
-  if (mkdir(lp->state_dir, 0711) != 0 && errno != EEXIST) {
-    rv = -errno;
+  if ((rv = mkdir_p(lp->state_dir)) != 0)
     goto out;
-  }
   if ((rv = mkdir_owned(sb->dir, 0711, (uid_t)-1)) != 0)
     goto out;
   fmt(path, sizeof(path), "%s/rw", sb->dir);
@@ -883,13 +924,13 @@ static void prep_work(uv_work_t *w)
     goto out;
   if (lp->can_mount) {
     char opts[128];
-    fmt(opts, sizeof(opts), "size=%um,mode=0755,uid=%u,gid=%u,nr_inodes=%u", sb->disk_mib,
+    fmt(opts, sizeof(opts), "size=%um,mode=0700,uid=%u,gid=%u,nr_inodes=%u", sb->disk_mib,
              sb->uid, sb->uid, sb->disk_mib * 64u + 1024u);
     if (mount("osr-sandbox", path, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) {
       rv = -errno;
       goto out;
     }
-  } else if (chown(path, sb->uid, sb->uid) != 0) {
+  } else if (chown(path, sb->uid, sb->uid) != 0 || chmod(path, 0700) != 0) {
     rv = -errno;
     goto out;
   }
@@ -897,8 +938,13 @@ static void prep_work(uv_work_t *w)
                                      "secret"};
   for (size_t i = 0; i < OSR_ARRAY_SIZE(sub); i++) {
     fmt(path, sizeof(path), "%s/%s", sb->dir, sub[i]);
-    mode_t mode = strcmp(sub[i], "rw/tmp") == 0 ? 01777 : strcmp(sub[i], "secret") == 0 ? 0500
-                                                                                      : 0755;
+    /* Only this sandbox's uid (and root) may enter rw/, run/ and secret/:
+     * the directory above them is root's 0711, so other sandbox uids can
+     * neither list nor enter anything of this sandbox. */
+    mode_t mode = strcmp(sub[i], "rw/tmp") == 0   ? 01777
+                  : strcmp(sub[i], "secret") == 0 ? 0500
+                  : strcmp(sub[i], "run") == 0    ? 0700
+                                                  : 0755;
     if ((rv = mkdir_owned(path, mode, sb->uid)) != 0)
       goto out;
   }
@@ -1144,6 +1190,10 @@ static int op_spawn(lop_t *op, char **argv, int logfd)
   o.exit_cb = on_cmd_exit;
   o.stdio = stdio;
   o.stdio_count = 3;
+  /* Its own session: `runsc create` forks the gVisor sandbox from here, and
+   * that must not be in the gateway's process group, where a Ctrl-C or a
+   * service manager's group kill would take it down with the gateway. */
+  o.flags = UV_PROCESS_DETACHED;
   op->spawn_exit = -1;
   int rv = uv_spawn(op->lp->p->loop, &c->proc, &o);
   if (rv != 0) {
@@ -1945,6 +1995,18 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
     rv = OSR_EINVAL;
     goto out;
   }
+  if (geteuid() == 0 && !path_traversable(lp->state_dir)) {
+    /* bwrap resolves its bind sources as the sandbox uid, which cannot
+     * pass a 0700 parent (root's $HOME is /root). Keep the sandboxes in
+     * a directory of their own under /run instead, named after the state
+     * dir so that each gateway (and its restart) finds only its own. */
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (const char *c = lp->state_dir; *c != '\0'; c++)
+      h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+    OSR_LOG_INFO(MOD, "provider '%s': %s is not traversable by sandbox uids; sandboxes live in "
+                 "/run/osr/local-%016llx", p->name, lp->state_dir, (unsigned long long)h);
+    fmt(lp->state_dir, sizeof(lp->state_dir), "/run/osr/local-%016llx", (unsigned long long)h);
+  }
 
   /* Which classes exist here. These access() calls read only local
    * metadata; they run once, at configuration time. */
@@ -2436,6 +2498,85 @@ static void local_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
   maybe_close_done(lp);
 }
 
+/* ---- availability probe (configuration time, blocking) -------------------------- */
+
+/* Run argv with no stdio, wait at most timeout_ms; 1 if it exited 0. Only
+ * for local_available(), which runs before any loop exists. */
+static int probe_run(char *const argv[], int timeout_ms)
+{
+  pid_t pid = fork();
+  if (pid < 0)
+    return 0;
+  if (pid == 0) {
+    int fd = open("/dev/null", O_RDWR);
+    if (fd >= 0) {
+      dup2(fd, 0);
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  int st = 0;
+  for (int waited = 0;; waited += 2) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid)
+      return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (r < 0 || waited >= timeout_ms) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return 0;
+    }
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static int local_available(char *why, size_t whylen)
+{
+  if (geteuid() != 0) {
+    fmt(why, whylen, "the local provider needs root (a host uid, cgroups and a tmpfs per "
+                     "sandbox)");
+    return 0;
+  }
+  char self[L_PATH], agent[L_PATH + 16];
+  ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  self[sl > 0 ? sl : 0] = '\0';
+  char *slash = strrchr(self, '/');
+  if (slash != NULL)
+    *slash = '\0';
+  fmt(agent, sizeof(agent), "%s/osr-agent", self);
+  if (access(agent, X_OK) != 0) {
+    fmt(why, whylen, "osr-agent is not installed next to this binary (%s)", agent);
+    return 0;
+  }
+  /* container: exactly what a sandbox needs (an unprivileged uid creating
+   * every namespace), so a host that forbids unprivileged user namespaces
+   * is caught here and not at the first create. */
+  char bwhy[128] = "", *bw = "/usr/bin/bwrap";
+  if (access(bw, X_OK) != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+    fmt(bwhy, sizeof(bwhy), "bwrap/setpriv not installed");
+  } else {
+    char *a[] = {"/usr/bin/setpriv", "--reuid=200000", "--regid=200000", "--clear-groups", "--",
+                 bw, "--unshare-all", "--unshare-user", "--die-with-parent", "--ro-bind", "/usr",
+                 "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib",
+                 "--proc", "/proc", "--dev", "/dev", "/usr/bin/true", NULL};
+    if (probe_run(a, 5000))
+      return 1;
+    fmt(bwhy, sizeof(bwhy), "bwrap cannot create namespaces as an unprivileged uid");
+  }
+  char *rs = "/usr/bin/runsc";
+  if (access(rs, X_OK) != 0) {
+    fmt(why, whylen, "%s; runsc not installed", bwhy);
+    return 0;
+  }
+  char *a[] = {rs, "--platform=ptrace", "--network=none", "do", "/usr/bin/true", NULL};
+  if (probe_run(a, 20000))
+    return 1;
+  fmt(why, whylen, "%s; runsc --platform=ptrace do fails", bwhy);
+  return 0;
+}
+
 const osr_adapter_t osr_adapter_local = {
   .version = OSR_ADAPTER_VERSION,
   .type = "local",
@@ -2450,4 +2591,5 @@ const osr_adapter_t osr_adapter_local = {
   .close = local_close,
   .snapshot = local_snapshot,
   .restore = local_restore,
+  .available = local_available,
 };

@@ -194,6 +194,13 @@ typedef struct osr_adapter_s {
    *  as `snapshot` (from snapshot()); otherwise exactly like create(). */
   int (*restore)(osr_provider_t *p, const osr_sandbox_spec_t *spec, const char *snapshot,
                  osr_provider_create_cb cb, void *data);
+  /** Optional (added without a version bump, NULL = not asked): can this
+   *  adapter run real sandboxes here with its default configuration?
+   *  Returns 1, or 0 with a human reason in `why` (what is missing). It may
+   *  start a runtime once to find out, and BLOCKS while doing so (bounded,
+   *  seconds at most): only configuration loading calls it, before any loop
+   *  runs, to pick the embedded default provider (docs/configuration.md). */
+  int (*available)(char *why, size_t whylen);
 } osr_adapter_t;
 
 /** A configured provider instance (one adapter may back several). Owned by

@@ -39,6 +39,7 @@
 #include <yaml.h>
 
 #include "gateway/gw.h"
+#include "osr/adapter.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -1042,6 +1043,13 @@ static int finish_providers(ld_t *ld)
       json_decref(copy);
       return OSR_EINVAL;
     }
+    /* The local provider keeps its sandboxes under the gateway's data_dir
+     * (<data_dir>/local): hand it down unless the provider sets its own.
+     * Only to type local: other adapters reject keys they do not know.
+     * Not added to the redacted copy, which shows what the user wrote. */
+    if (strcmp(type, "local") == 0 && json_object_get(copy, "data_dir") == NULL &&
+        ld->cfg->data_dir != NULL)
+      json_object_set_new(copy, "data_dir", json_string(ld->cfg->data_dir));
     json_array_append_new(out, copy);
     json_array_append_new(red, r);
   }
@@ -1557,6 +1565,29 @@ static int default_data_dir(ld_t *ld)
   return 0;
 }
 
+/* The embedded default provider: `local` (real sandboxes) when one of its
+ * isolation classes works on this machine, else the simulator with a
+ * warning naming what is missing. The probe may start bwrap or runsc once
+ * (adapter available(), blocking, bounded), so its answer is kept for the
+ * life of the process; configuration loading runs before any loop. */
+static int default_provider_local(char *why, size_t whylen)
+{
+  static int known = -1;
+  static char known_why[256];
+  if (known < 0) {
+    const osr_adapter_t *ad = osr_adapter_find("local");
+    known_why[0] = '\0';
+    if (ad == NULL || ad->available == NULL) {
+      snprintf(known_why, sizeof(known_why), "the local provider is not built in");
+      known = 0;
+    } else {
+      known = ad->available(known_why, sizeof(known_why)) ? 1 : 0;
+    }
+  }
+  snprintf(why, whylen, "%s", known_why);
+  return known;
+}
+
 int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, size_t errlen)
 {
   ld_t ld;
@@ -1564,6 +1595,8 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
   const char *config_file = NULL;
   char name[64];
   const char *iv;
+  json_t *dflt_prov = NULL;
+  char sim_why[256] = "";
 
   defaults(cfg);
   memset(&ld, 0, sizeof(ld));
@@ -1611,6 +1644,7 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
                         json_pack("[{s:s,s:s}]", "name", "sim", "type", "sim"));
     ld.prov = json_object_get(ld.own, "_prov_raw");
     ld.prov_src.name = "defaults";
+    dflt_prov = ld.prov;
     own_str(&ld, "log_level", "info");
     json_object_set_new(ld.own, "log_json", json_false());
   }
@@ -1690,6 +1724,15 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
                  "--tls-cert + --tls-key)");
     goto out;
   }
+  if (ld.prov == dflt_prov) {
+    /* No providers configured anywhere: the embedded default. */
+    if (default_provider_local(sim_why, sizeof(sim_why))) {
+      json_object_set_new(ld.own, "_prov_raw",
+                          json_pack("[{s:s,s:s}]", "name", "local", "type", "local"));
+      ld.prov = json_object_get(ld.own, "_prov_raw");
+      sim_why[0] = '\0';
+    }
+  }
   if ((rv = finish_providers(&ld)) != 0)
     goto out;
   if ((rv = finish_prices(&ld)) != 0)
@@ -1703,6 +1746,9 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
       osr_log_set_level(lvl);
     osr_log_set_json(json_is_true(json_object_get(ld.own, "log_json")));
   }
+  if (sim_why[0] != '\0')
+    OSR_LOG_WARN("config", "no providers configured and no local sandbox runtime works here "
+                 "(%s): using the simulator 'sim' (fake sandboxes; see osr doctor)", sim_why);
   /* The parsed file is not needed any more. */
   json_object_del(ld.own, "_doc");
   json_object_del(ld.own, "_lines");
@@ -1873,7 +1919,8 @@ void osr_gw_config_usage(FILE *f, const char *prog)
       "                           (default none; env OSR_REDIS)\n"
       "  --data-dir DIR           state directory (default ~/.local/share/osr; env OSR_DATA_DIR)\n"
       "  --providers LIST         JSON array of {name,type,...} or a comma list of adapter types,\n"
-      "                           e.g. sim,sim (default sim; env OSR_PROVIDERS)\n"
+      "                           e.g. sim,sim (default: local when a sandbox runtime works\n"
+      "                           here, else sim; env OSR_PROVIDERS)\n"
       "  --tls-cert FILE          PEM certificate chain; with --tls-key the API speaks HTTPS\n"
       "  --tls-key FILE           PEM private key\n"
       "  --drain-ms N             grace for in-flight requests on SIGTERM (default 10000)\n"

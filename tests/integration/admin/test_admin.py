@@ -28,7 +28,8 @@ class Gateway:
     def __init__(self, *args, data_dir=None, env=None):
         self.own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="osr-admin-")
-        e = {"OSR_DATA_DIR": self.data_dir, "OSR_LOG_LEVEL": "info"}
+        # sim: the embedded default would be the local provider (real sandboxes).
+        e = {"OSR_DATA_DIR": self.data_dir, "OSR_LOG_LEVEL": "info", "OSR_PROVIDERS": "sim"}
         for k in ("OSR_ADMIN_KEY", "OSR_STORE", "OSR_REDIS", "OSR_PROVIDERS", "OSR_LISTEN", "OSR_CONFIG"):
             os.environ.pop(k, None)
         if env:

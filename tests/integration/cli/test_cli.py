@@ -54,7 +54,11 @@ class Serve:
 
     def __init__(self, *args, env=None, data_dir=None):
         self.dir = data_dir or tempfile.mkdtemp(prefix="osr-cli-")
+        # sim unless a test asks otherwise: the embedded default would be the
+        # local provider (real sandboxes) on a machine that can run them.
         e = clean_env(OSR_DATA_DIR=self.dir)
+        if "--config" not in args and "--providers" not in args:
+            e["OSR_PROVIDERS"] = "sim"
         if env:
             e.update(env)
         self.proc = osrtest.Proc([CLI, "serve", "--listen", "127.0.0.1:0", "--log-level", "info"] + list(args),
@@ -154,13 +158,21 @@ class Config(unittest.TestCase):
         return json.loads(out)
 
     def test_defaults(self):
-        c = self.effective()
+        rc, out, err = osr("serve", "--print-config", env=clean_env(HOME=self.dir))
+        self.assertEqual(rc, 0, err)
+        c = json.loads(out)
+        # The embedded default provider: local when a sandbox runtime works
+        # here, else sim with a warning naming what is missing.
+        if "using the simulator" in err:
+            self.assertEqual([p["type"] for p in c["providers"]], ["sim"])
+        else:
+            self.assertEqual([p["type"] for p in c["providers"]], ["local"])
+            self.assertEqual(os.geteuid(), 0)
         self.assertEqual(c["listen"], ["127.0.0.1:7070"])
         self.assertEqual(c["dataplane"]["listen"], "127.0.0.1:7071")
         self.assertEqual(c["data_dir"], os.path.join(self.dir, ".local/share/osr"))
         self.assertEqual(c["store"], "sqlite:%s/.local/share/osr/osr.db" % self.dir)
         self.assertIsNone(c["redis"])
-        self.assertEqual([p["type"] for p in c["providers"]], ["sim"])
         self.assertEqual(c["drain_ms"], 10000)
         self.assertEqual(c["breaker"]["window"], 20)
         self.assertEqual(c["sandbox"]["default_timeout_seconds"], 300)
@@ -546,7 +558,8 @@ class Doctor(unittest.TestCase):
             self.assertRegex(out, r"(?m)^OK\s+config")
             self.assertRegex(out, r"(?m)^OK\s+data dir")
             self.assertRegex(out, r"(?m)^OK\s+store\s+sqlite:")
-            self.assertRegex(out, r"(?m)^OK\s+provider sim")
+            # The embedded default provider: local where sandboxes can run, else sim.
+            self.assertRegex(out, r"(?m)^OK\s+provider (sim|local)")
             self.assertRegex(out, r"(?m)^FAIL\s+gateway")
             for rt in ("runsc", "bwrap", "crun"):
                 self.assertRegex(out, r"(?m)^(OK|WARN)\s+runtime %s" % rt)

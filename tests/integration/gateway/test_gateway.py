@@ -24,7 +24,8 @@ def data_env():
     DATA_DIRS.append(d)
     for k in ("OSR_LISTEN", "OSR_STORE", "OSR_REDIS", "OSR_PROVIDERS", "OSR_CONFIG", "OSR_ADMIN_KEY"):
         os.environ.pop(k, None)
-    return {"OSR_DATA_DIR": d}
+    # sim: the embedded default would be the local provider (real sandboxes).
+    return {"OSR_DATA_DIR": d, "OSR_PROVIDERS": "sim"}
 
 
 def start(*args, exe=None):
