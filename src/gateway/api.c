@@ -39,7 +39,14 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-typedef enum auth_level_e { AUTH_NONE = 0, AUTH_TENANT = 1, AUTH_ADMIN = 2 } auth_level_t;
+/* AUTH_E2B: a tenant key (Bearer or X-API-KEY) on an E2B route, whose
+ * answers are reshaped into E2B's bodies (api_e2b.c). */
+typedef enum auth_level_e {
+  AUTH_NONE = 0,
+  AUTH_TENANT = 1,
+  AUTH_ADMIN = 2,
+  AUTH_E2B = 3
+} auth_level_t;
 
 typedef struct route_s {
   const char *method;
@@ -81,6 +88,18 @@ static const route_t routes[] = {
     ROUTE("GET", "/v1/keys/signing", osr_gw_keys_signing, AUTH_NONE, 0),
     ROUTE("DELETE", "/v1/keys/{id}", osr_gw_keys_revoke, AUTH_ADMIN, 0),
     ROUTE("GET", "/v1/audit", osr_gw_audit_list, AUTH_TENANT, 0),
+    /* The E2B-compatible front door (api_e2b.c, docs/e2b-compat.md). */
+    ROUTE("POST", "/sandboxes", osr_gw_e2b_create, AUTH_E2B, 1),
+    ROUTE("GET", "/sandboxes", osr_gw_e2b_list, AUTH_E2B, 0),
+    ROUTE("POST", "/v2/sandboxes", osr_gw_e2b_create, AUTH_E2B, 1),
+    ROUTE("GET", "/v2/sandboxes", osr_gw_e2b_list, AUTH_E2B, 0),
+    ROUTE("GET", "/sandboxes/{id}", osr_gw_e2b_get, AUTH_E2B, 0),
+    ROUTE("DELETE", "/sandboxes/{id}", osr_gw_e2b_kill, AUTH_E2B, 0),
+    ROUTE("POST", "/sandboxes/{id}/timeout", osr_gw_e2b_timeout, AUTH_E2B, 1),
+    ROUTE("POST", "/sandboxes/{id}/connect", osr_gw_e2b_connect, AUTH_E2B, 1),
+    ROUTE("POST", "/v2/sandboxes/{id}/connect", osr_gw_e2b_connect, AUTH_E2B, 1),
+    ROUTE("POST", "/sandboxes/{id}/pause", osr_gw_e2b_pause, AUTH_E2B, 1),
+    ROUTE("GET", "/sandboxes/{id}/metrics", osr_gw_e2b_metrics, AUTH_E2B, 0),
 };
 
 /* /metrics output cap: far above what bounded label sets can produce. */
@@ -199,6 +218,16 @@ static void reply_hdr(osr_gw_call_t *call, int status, json_t *body, const char 
                       const char *hvalue)
 {
   api_call_t *ac = api_call(call);
+  char hv[256];
+  if (call->reshape != NULL && !call->done) {
+    const char *rn = NULL;
+    hv[0] = '\0';
+    body = call->reshape(call, &status, body, &rn, hv, sizeof(hv));
+    if (rn != NULL) {
+      hname = rn;
+      hvalue = hv;
+    }
+  }
   if (!begin_answer(ac, status)) {
     json_decref(body);
     return;
@@ -374,7 +403,9 @@ int osr_gw_query(const osr_gw_call_t *call, const char *name, char *out, size_t 
 /* gw->api is owned by auth.c (its cache); api.c only forwards. */
 int osr_gw_api_init(osr_gw_t *gw)
 {
-  return osr__gw_auth_init(gw);
+  int rv = osr__gw_auth_init(gw);
+  int rv2 = osr_gw_e2b_init(gw);
+  return rv != 0 ? rv : rv2;
 }
 
 void osr_gw_api_dispose(osr_gw_t *gw)
@@ -556,6 +587,12 @@ void osr_gw_api_on_request(osr_http_req_t *req, void *data)
     size_t al = strlen(allow);
     snprintf(allow + al, sizeof(allow) - al, "%s%s", al ? ", " : "", routes[i].method);
   }
+  /* E2B's SDKs read errors from the body's integer code: everything under
+   * E2B's prefixes answers in that shape, unknown paths included (an unknown
+   * sandbox id that the {id} pattern refuses must still read as 404). */
+  if ((rt != NULL && rt->auth == AUTH_E2B) ||
+      (rt == NULL && osr_gw_e2b_path(req->path.base, req->path.len)))
+    call->reshape = osr_gw_e2b_reshape_error;
   if (rt == NULL) {
     if (!path_known) {
       osr_gw_error(call, 404, "not_found", "no such endpoint", NULL);
@@ -577,7 +614,7 @@ void osr_gw_api_on_request(osr_http_req_t *req, void *data)
     osr__auth_result_t ar = osr__gw_authenticate(call, on_auth);
     if (ar == OSR__AUTH_MISSING || ar == OSR__AUTH_INVALID) {
       osr__gw_error_hdr(call, 401, "unauthorized",
-                        ar == OSR__AUTH_MISSING ? "missing `Authorization: Bearer <key>`"
+                        ar == OSR__AUTH_MISSING ? "missing `Authorization: Bearer <key>` (or `X-API-KEY: <key>`)"
                                                 : "unknown or revoked API key",
                         NULL, "www-authenticate",
                         ar == OSR__AUTH_MISSING ? "Bearer realm=\"osr\""

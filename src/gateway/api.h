@@ -44,6 +44,14 @@ typedef struct osr_gw_call_s {
   int done;                      /**< a response was sent */
   void *data;                    /**< the handler's */
   void (*on_abort)(struct osr_gw_call_s *call); /**< client went away before the answer */
+  /** The E2B front door (api_e2b.c) answers in E2B's shapes while reusing
+   *  the OSR handlers: when set, every answer of this call (errors from the
+   *  router included) passes through reshape before it is sent. It takes
+   *  `body` (may be NULL) and returns the body to send (may be NULL), may
+   *  change *status, and may add one header: set *hname (static storage)
+   *  and write the value, NUL-terminated, into hval (hval_len bytes). */
+  json_t *(*reshape)(struct osr_gw_call_s *call, int *status, json_t *body, const char **hname,
+                     char *hval, size_t hval_len);
 } osr_gw_call_t;
 
 typedef void (*osr_gw_handler_t)(osr_gw_call_t *call);
@@ -103,6 +111,29 @@ void osr_gw_keys_create(osr_gw_call_t *call);     /* POST   /v1/keys (admin) */
 void osr_gw_keys_list(osr_gw_call_t *call);       /* GET    /v1/keys (admin: all; tenant: own) */
 void osr_gw_keys_revoke(osr_gw_call_t *call);     /* DELETE /v1/keys/{id} (admin) */
 void osr_gw_audit_list(osr_gw_call_t *call);      /* GET    /v1/audit */
+
+/* The E2B-compatible front door (api_e2b.c, docs/e2b-compat.md). Errors on
+ * these routes are {"code":<status>,"message":...} (E2B's SDKs branch on
+ * the body's code), with OSR's typed error kept under "error". */
+void osr_gw_e2b_create(osr_gw_call_t *call);  /* POST   /sandboxes, /v2/sandboxes */
+void osr_gw_e2b_list(osr_gw_call_t *call);    /* GET    /sandboxes, /v2/sandboxes */
+void osr_gw_e2b_get(osr_gw_call_t *call);     /* GET    /sandboxes/{id} */
+void osr_gw_e2b_kill(osr_gw_call_t *call);    /* DELETE /sandboxes/{id} */
+void osr_gw_e2b_timeout(osr_gw_call_t *call); /* POST   /sandboxes/{id}/timeout */
+void osr_gw_e2b_connect(osr_gw_call_t *call); /* POST   /sandboxes/{id}/connect, /v2/... */
+void osr_gw_e2b_pause(osr_gw_call_t *call);   /* POST   /sandboxes/{id}/pause */
+void osr_gw_e2b_metrics(osr_gw_call_t *call); /* GET    /sandboxes/{id}/metrics */
+/** The reshape hook that turns OSR error bodies into E2B ones; the router
+ *  sets it on every E2B route and on unknown paths under E2B's prefixes. */
+json_t *osr_gw_e2b_reshape_error(osr_gw_call_t *call, int *status, json_t *body,
+                                 const char **hname, char *hval, size_t hval_len);
+/** 1 if `path` is under one of E2B's REST prefixes (/sandboxes, /v2/). */
+int osr_gw_e2b_path(const char *path, size_t len);
+/** Read OSR_E2B_DOMAIN (or derive the domain from the data-plane URL) and
+ *  check it; called by osr_gw_api_init. Returns 0, or OSR_EINVAL when the
+ *  configured domain is one of E2B's own (the front door then answers
+ *  domain null and the error is logged). */
+int osr_gw_e2b_init(osr_gw_t *gw);
 
 /* Binding tokens (tokens.c). */
 void osr_gw_keys_signing(osr_gw_call_t *call);    /* GET    /v1/keys/signing (public) */

@@ -2,7 +2,8 @@
  * Admin API: API keys (tenants are implicit: a tenant exists while it has
  * a key) and the audit log.
  *
- *   POST   /v1/keys        admin  {tenant, name?, role?} → 201, secret shown once
+ *   POST   /v1/keys        admin  {tenant, name?, role?, format?} → 201, secret shown once
+ *                          (format "e2b": the secret looks like e2b_<40 hex>, for E2B SDKs)
  *   GET    /v1/keys        admin: all keys or ?tenant=; tenant: its own keys
  *   DELETE /v1/keys/{id}   admin  revoke → 204
  *   GET    /v1/audit       the caller's tenant's events (admin: ?tenant= or all),
@@ -82,7 +83,8 @@ void osr_gw_keys_create(osr_gw_call_t *call)
   json_t *v;
   json_object_foreach((json_t *)b, k, v)
   {
-    if (strcmp(k, "tenant") != 0 && strcmp(k, "name") != 0 && strcmp(k, "role") != 0) {
+    if (strcmp(k, "tenant") != 0 && strcmp(k, "name") != 0 && strcmp(k, "role") != 0 &&
+        strcmp(k, "format") != 0) {
       char msg[160];
       snprintf(msg, sizeof(msg), "unknown field '%.100s'", k);
       osr_gw_error(call, 400, "invalid_request", msg, json_pack("{s:s}", "field", k));
@@ -115,9 +117,22 @@ void osr_gw_keys_create(osr_gw_call_t *call)
     }
   }
 
+  const json_t *jf = json_object_get(b, "format");
+  const char *prefix = OSR_KEY_PREFIX;
+  if (jf != NULL) {
+    const char *f = json_string_value(jf);
+    if (f != NULL && strcmp(f, "e2b") == 0) {
+      prefix = OSR_KEY_PREFIX_E2B;
+    } else if (f == NULL || strcmp(f, "osr") != 0) {
+      osr_gw_error(call, 400, "invalid_request", "'format' must be \"osr\" or \"e2b\"",
+                   json_pack("{s:s}", "field", "format"));
+      return;
+    }
+  }
+
   key_create_t *kc = osr_xcalloc(1, sizeof(*kc));
   kc->call = call;
-  osr__gw_key_new(kc->secret, kc->key.hash, kc->key.key_id);
+  osr__gw_key_new_prefixed(prefix, kc->secret, kc->key.hash, kc->key.key_id);
   snprintf(kc->key.tenant, sizeof(kc->key.tenant), "%s", json_string_value(jt));
   snprintf(kc->key.name, sizeof(kc->key.name), "%s", jn != NULL ? json_string_value(jn) : "");
   kc->key.role = role;

@@ -20,6 +20,10 @@ extern const size_t osr_openapi_json_len;
 /** A tenant key is "osr_" followed by 40 lower-case hex digits (20 random bytes). */
 #define OSR_KEY_PREFIX "osr_"
 #define OSR_KEY_LEN    44
+/** Keys minted for E2B SDKs ({"format":"e2b"} on POST /v1/keys) look like
+ *  E2B's own, "e2b_" + 40 hex digits (some SDK versions check the shape on
+ *  the client); they map to a tenant like any other key. Same length. */
+#define OSR_KEY_PREFIX_E2B "e2b_"
 
 /** Outcome of the synchronous part of authentication. */
 typedef enum osr__auth_result_e {
@@ -31,7 +35,8 @@ typedef enum osr__auth_result_e {
 } osr__auth_result_t;
 
 /**
- * Resolve the caller from `Authorization: Bearer <key>`. The admin key is
+ * Resolve the caller from `Authorization: Bearer <key>`, or, when that
+ * header is absent, `X-API-KEY: <key>` (E2B's SDKs). The admin key is
  * recognised by hash (constant-time compare); tenant keys come from the
  * positive cache or a store lookup. On OSR__AUTH_PENDING the call is held
  * and cb(call, status) fires once with status 0 (call->auth filled),
@@ -48,6 +53,9 @@ void osr__gw_auth_dispose(osr_gw_t *gw);
 /** Make a fresh tenant key: secret "osr_<40 hex>", its SHA-256 hex, and a
  *  public id "k<20 hex>". */
 void osr__gw_key_new(char secret[OSR_KEY_LEN + 1], char hash[65], char key_id[24]);
+/** The same with another 4-character prefix (OSR_KEY_PREFIX_E2B). */
+void osr__gw_key_new_prefixed(const char *prefix, char secret[OSR_KEY_LEN + 1], char hash[65],
+                              char key_id[24]);
 
 /** Constant-time equality of two 64-char hex digests. */
 int osr__gw_hash_eq(const char *a, const char *b);

@@ -190,10 +190,16 @@ static void to_hex(const unsigned char *p, size_t n, char *out)
 
 void osr__gw_key_new(char secret[OSR_KEY_LEN + 1], char hash[65], char key_id[24])
 {
+  osr__gw_key_new_prefixed(OSR_KEY_PREFIX, secret, hash, key_id);
+}
+
+void osr__gw_key_new_prefixed(const char *prefix, char secret[OSR_KEY_LEN + 1], char hash[65],
+                              char key_id[24])
+{
   unsigned char r[20], id[10];
   osr_random_bytes(r, sizeof(r));
   osr_random_bytes(id, sizeof(id));
-  memcpy(secret, OSR_KEY_PREFIX, 4);
+  memcpy(secret, prefix, 4);
   to_hex(r, sizeof(r), secret + 4);
   osr_sha256_hex(secret, OSR_KEY_LEN, hash);
   key_id[0] = 'k';
@@ -203,7 +209,8 @@ void osr__gw_key_new(char secret[OSR_KEY_LEN + 1], char hash[65], char key_id[24
 
 static int is_tenant_key(const char *p, size_t n)
 {
-  if (n != OSR_KEY_LEN || memcmp(p, OSR_KEY_PREFIX, 4) != 0)
+  if (n != OSR_KEY_LEN ||
+      (memcmp(p, OSR_KEY_PREFIX, 4) != 0 && memcmp(p, OSR_KEY_PREFIX_E2B, 4) != 0))
     return 0;
   for (size_t i = 4; i < n; i++)
     if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f')))
@@ -242,10 +249,21 @@ osr__auth_result_t osr__gw_authenticate(osr_gw_call_t *call,
 {
   osr_gw_t *gw = call->gw;
   const osr_iovec_t *h = osr_http_req_header(call->req, "authorization");
-  if (h == NULL || h->len < 7 || strncasecmp(h->base, "Bearer ", 7) != 0)
+  const char *p;
+  size_t n;
+  if (h != NULL) {
+    if (h->len < 7 || strncasecmp(h->base, "Bearer ", 7) != 0)
+      return OSR__AUTH_MISSING;
+    p = h->base + 7;
+    n = h->len - 7;
+  } else if ((h = osr_http_req_header(call->req, "x-api-key")) != NULL) {
+    /* E2B's SDKs send the key in X-API-KEY (docs/e2b-compat.md). An
+     * Authorization header, when present, wins. */
+    p = h->base;
+    n = h->len;
+  } else {
     return OSR__AUTH_MISSING;
-  const char *p = h->base + 7;
-  size_t n = h->len - 7;
+  }
   while (n > 0 && (*p == ' ' || *p == '\t')) {
     p++;
     n--;
