@@ -492,7 +492,9 @@ static void sim_describe(osr_provider_t *p, osr_provider_info_t *info)
 
 static sim_res_t *find_res(sim_t *s, const char *id)
 {
-  for (size_t i = 0; i < s->nres; i++)
+  /* Newest first: a create looks up the resource it has just appended, so
+   * the create path stays O(1) however many resources are live. */
+  for (size_t i = s->nres; i-- > 0;)
     if (strcmp(s->res[i].r.provider_id, id) == 0)
       return &s->res[i];
   return NULL;

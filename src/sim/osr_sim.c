@@ -253,6 +253,8 @@ static int pct_decode(const char *s, size_t n, char *out, size_t outlen)
 typedef struct create_ctx_s {
   osr_http_req_t *req; /* NULL once the exchange is over */
   int created;         /* the adapter callback ran */
+  int64_t created_ms;  /* wall clock when the create was started */
+  char tenant[OSR_NAME_MAX];
 } create_ctx_t;
 
 static void create_req_done(osr_http_req_t *req, int status)
@@ -279,21 +281,9 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   }
   osr_http_req_t *req = c->req;
   if (status == 0) {
-    json_t *j = NULL;
-    /* Report the tenant too: take the stored record. */
-    json_t *all = osr__sim_dump(p);
-    size_t i;
-    json_t *v;
-    json_array_foreach(all, i, v)
-    {
-      if (strcmp(json_string_value(json_object_get(v, "id")), res->provider_id) == 0) {
-        j = json_incref(v);
-        break;
-      }
-    }
-    json_decref(all);
-    if (j == NULL)
-      j = osr__sim_resource_to_json(res, NULL, 0);
+    /* The tenant comes from the request: dumping the whole table to find
+     * the stored record made every create O(resources). */
+    json_t *j = osr__sim_resource_to_json(res, c->tenant, c->created_ms);
     send_json(req, 201, j);
   } else {
     send_error(req, http_status_of(status), osr_provider_err_name(status), err_message(status));
@@ -371,6 +361,9 @@ static void on_create_body(osr_http_req_t *req, osr_iovec_t body, int status)
 
   create_ctx_t *c = osr_xcalloc(1, sizeof(*c));
   c->req = req;
+  snprintf(c->tenant, sizeof(c->tenant), "%s", tenant);
+  uv_timeval64_t tv;
+  c->created_ms = uv_gettimeofday(&tv) == 0 ? (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000 : 0;
   req->data = c;
   req->on_done = create_req_done;
   int rv = prov.adapter->create(&prov, &spec, on_created, c);
