@@ -1166,7 +1166,7 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
   static const char *const top[] = {"listen",   "dataplane", "tls",       "data_dir", "store",
                                     "redis",    "admin_key", "providers", "prices",   "policy",
                                     "sandbox",  "tokens",    "breaker",   "reaper",   "limits",
-                                    "drain_ms", "log",       NULL};
+                                    "drain_ms", "log",       "instance_id", NULL};
   osr_gw_config_t *cfg = ld->cfg;
   const char *s;
   json_t *v, *x;
@@ -1235,6 +1235,11 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
     if (want_str(ld, src, "data_dir", v, &s) != 0)
       return OSR_EINVAL;
     cfg->data_dir = own_str(ld, "data_dir", s);
+  }
+  if ((v = json_object_get(doc, "instance_id")) != NULL) {
+    if (want_str(ld, src, "instance_id", v, &s) != 0)
+      return OSR_EINVAL;
+    cfg->instance_id = own_str(ld, "instance_id", s);
   }
   if ((v = json_object_get(doc, "store")) != NULL) {
     if (want_str(ld, src, "store", v, &s) != 0)
@@ -1312,11 +1317,15 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
   if ((v = json_object_get(doc, "breaker")) != NULL && apply_breaker(ld, src, v) != 0)
     return OSR_EINVAL;
   if ((v = json_object_get(doc, "reaper")) != NULL) {
-    static const char *const keys[] = {"interval_ms", NULL};
+    static const char *const keys[] = {"interval_ms", "stale_creating_ms", NULL};
     if (want_obj(ld, src, "reaper", v) != 0 || check_keys(ld, src, "reaper", v, keys) != 0)
       return OSR_EINVAL;
     if ((x = json_object_get(v, "interval_ms")) != NULL &&
         want_u64(ld, src, "reaper.interval_ms", x, 10, 86400000, &cfg->reaper_interval_ms) != 0)
+      return OSR_EINVAL;
+    if ((x = json_object_get(v, "stale_creating_ms")) != NULL &&
+        want_u64(ld, src, "reaper.stale_creating_ms", x, 100, 86400000,
+                 &cfg->stale_creating_ms) != 0)
       return OSR_EINVAL;
   }
   if ((v = json_object_get(doc, "limits")) != NULL && apply_limits(ld, src, v) != 0)
@@ -1460,6 +1469,8 @@ static int apply_setting(ld_t *ld, const char *key, const char *what, const char
     cfg->redis_url = own_str(ld, "redis_url", strcmp(v, "none") == 0 ? NULL : v);
   } else if (strcmp(key, "data-dir") == 0) {
     cfg->data_dir = own_str(ld, "data_dir", v);
+  } else if (strcmp(key, "instance-id") == 0) {
+    cfg->instance_id = own_str(ld, "instance_id", v);
   } else if (strcmp(key, "providers") == 0) {
     return providers_from_string(ld, &src, v);
   } else if (strcmp(key, "tls-cert") == 0) {
@@ -1498,13 +1509,14 @@ static const struct {
     {"OSR_STORE", "store"},         {"OSR_REDIS", "redis"},
     {"OSR_DATA_DIR", "data-dir"},   {"OSR_PROVIDERS", "providers"},
     {"OSR_ADMIN_KEY", "admin-key"}, {"OSR_LOG_LEVEL", "log-level"},
-    {"OSR_LOG_JSON", "log-json"},
+    {"OSR_LOG_JSON", "log-json"},   {"OSR_INSTANCE_ID", "instance-id"},
 };
 
 /* Flags that take a value; --log-json and --help take none. */
 static const char *const value_flags[] = {"listen",   "dataplane-listen", "store",    "redis",
                                           "data-dir", "providers",        "config",   "tls-cert",
-                                          "tls-key",  "drain-ms",         "log-level"};
+                                          "tls-key",  "drain-ms",         "log-level",
+                                          "instance-id"};
 
 /* Split "--name[=value]"; returns the flag index or -1 (unknown), -2 (no-arg flags). */
 static int flag_lookup(const char *arg, char *name, size_t namelen, const char **inline_val)
@@ -1544,6 +1556,9 @@ static void defaults(osr_gw_config_t *cfg)
   cfg->breaker.max_open_ms = 60000;
   cfg->breaker.half_open_probes = 1;
   cfg->reaper_interval_ms = 5000;
+  /* Twice the 60 s create deadline: a create still running after that has
+   * lost its gateway (calls past the deadline are abandoned). */
+  cfg->stale_creating_ms = 120000;
   cfg->drain_ms = 10000;
   cfg->max_request_body = 1024 * 1024;
 }
@@ -1563,6 +1578,37 @@ static int default_data_dir(ld_t *ld)
   snprintf(dir, sizeof(dir), "%s/.local/share/osr", home);
   ld->cfg->data_dir = own_str(ld, "data_dir", dir);
   return 0;
+}
+
+/* The default instance id must survive a restart (recovery at start resolves
+ * the rows this id owns) and differ between gateways sharing a database:
+ * hostname + data directory does both, as two gateways on one host need two
+ * data directories anyway. Hashed so it is short and leaks no path. */
+static void default_instance_id(ld_t *ld)
+{
+  char host[256], in[4096 + 300], hex[65], id[24];
+  if (gethostname(host, sizeof(host)) != 0)
+    snprintf(host, sizeof(host), "localhost");
+  host[sizeof(host) - 1] = '\0';
+  int n = snprintf(in, sizeof(in), "%s\n%s", host, ld->cfg->data_dir);
+  osr_sha256_hex(in, n > 0 && (size_t)n < sizeof(in) ? (size_t)n : strlen(in), hex);
+  snprintf(id, sizeof(id), "gw-%.16s", hex);
+  ld->cfg->instance_id = own_str(ld, "instance_id", id);
+}
+
+/* Ids land in the store and in logs: keep them short and printable. */
+static int instance_id_ok(const char *s)
+{
+  size_t n = strlen(s);
+  if (n == 0 || n >= OSR_OWNER_MAX)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == ':' || c == '-'))
+      return 0;
+  }
+  return 1;
 }
 
 /* The embedded default provider: `local` (real sandboxes) when one of its
@@ -1702,6 +1748,13 @@ int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, s
   /* Derived defaults and cross-field checks. */
   if (cfg->data_dir == NULL && (rv = default_data_dir(&ld)) != 0)
     goto out;
+  if (cfg->instance_id == NULL)
+    default_instance_id(&ld);
+  else if (!instance_id_ok(cfg->instance_id)) {
+    rv = ld_fail(&ld, NULL, "instance_id",
+                 "'%s' must be 1..63 characters of A-Z a-z 0-9 . _ : -", cfg->instance_id);
+    goto out;
+  }
   if (cfg->store_url == NULL) {
     char url[4200];
     snprintf(url, sizeof(url), "sqlite:%s/osr.db", cfg->data_dir);
@@ -1880,7 +1933,9 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
                                 (json_int_t)b->open_ms, "max_open_ms", (json_int_t)b->max_open_ms,
                                 "half_open_probes", (json_int_t)b->half_open_probes));
   json_object_set_new(j, "reaper",
-                      json_pack("{s:I}", "interval_ms", (json_int_t)cfg->reaper_interval_ms));
+                      json_pack("{s:I,s:I}", "interval_ms", (json_int_t)cfg->reaper_interval_ms,
+                                "stale_creating_ms", (json_int_t)cfg->stale_creating_ms));
+  json_object_set_new(j, "instance_id", json_string(cfg->instance_id ? cfg->instance_id : ""));
   const osr_http_limits_t *l = &cfg->http_limits;
   json_object_set_new(
       j, "limits",
@@ -1924,6 +1979,8 @@ void osr_gw_config_usage(FILE *f, const char *prog)
       "  --tls-cert FILE          PEM certificate chain; with --tls-key the API speaks HTTPS\n"
       "  --tls-key FILE           PEM private key\n"
       "  --drain-ms N             grace for in-flight requests on SIGTERM (default 10000)\n"
+      "  --instance-id ID         this gateway's id in a shared store (default derived from\n"
+      "                           hostname + data dir; env OSR_INSTANCE_ID)\n"
       "  --log-level LEVEL        trace|debug|info|warn|error|off (default info; env "
       "OSR_LOG_LEVEL)\n"
       "  --log-json               JSON log lines (env OSR_LOG_JSON=1)\n"

@@ -8,7 +8,8 @@
  *   2. before each provider call the row names that provider and attempt,
  *      so a restart knows where to look;
  *   3. every resource a provider creates carries our sandbox id as a label.
- * After a crash osr_gw_recover() lists the rows still creating, asks each
+ * After a crash osr_gw_recover() lists the rows still creating that this
+ * instance owns (or that are stale, see "Crash recovery"), asks each
  * provider which resources carry our label, adopts the one that matches the
  * row's provider and destroys everything else. Nothing is created twice
  * (the unique (tenant, key) row is the only way to a provider call) and
@@ -749,6 +750,9 @@ void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *ide
   snprintf(b->idem_key, sizeof(b->idem_key), "%s", idem_key);
   osr_sha256_hex(canon, strlen(canon), b->request_hash);
   snprintf(b->template_id, sizeof(b->template_id), "%s", c->req.template_id);
+  /* Recovery at start resolves only its own instance's rows (and stale
+   * ones): another gateway on the same database must see this row as ours. */
+  snprintf(b->owner, sizeof(b->owner), "%s", gw->cfg->instance_id ? gw->cfg->instance_id : "");
   if (c->neligible > 0) {
     snprintf(b->provider, sizeof(b->provider), "%s", c->cands[0].provider->name);
     snprintf(b->region, sizeof(b->region), "%s", c->cands[0].region);
@@ -775,13 +779,32 @@ void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *ide
 
 /* ------------------------------------------------------------------------ */
 /* Crash recovery                                                            */
+/*
+ * Which rows are ours to resolve. Several gateways may share one PostgreSQL
+ * database, so "every row still creating" includes creates that another
+ * live gateway is running right now; failing or destroying those would
+ * break its creates. Each intent row names its owner (cfg->instance_id), so:
+ *   - at start we resolve our own rows of any age (creates this instance
+ *     was running when it died: nobody else is running them), plus
+ *   - rows of any owner older than stale_creating_ms (their gateway has been
+ *     gone for longer than any create may run: the create deadline is 60 s
+ *     and calls past it are abandoned, so a live owner never has one that
+ *     old). The reaper resolves these on every pass, so a gateway that dies
+ *     and never comes back leaves nothing creating for long.
+ * The resolution (adopt what the provider has under the row's label, fail
+ * the rest) is the same code for both callers.
+ */
 
 #define RECOVER_PAGE 500
 #define RECOVER_MAX_ROWS 100000
 
 typedef struct recover_s {
   osr_gw_t *gw;
-  void (*cb)(osr_gw_t *gw, int status);
+  osr__resolve_cb cb;
+  void *cb_data;
+  int at_start;                /* recovery at start (else: the reaper) */
+  int phase;                   /* listing: 0 = own rows, 1 = stale rows */
+  int64_t stale_before_ms;     /* created_ms < this is stale */
   osr_binding_t *rows;         /* bindings left creating, sorted by id */
   unsigned char *adopted;
   size_t n, cap;
@@ -793,6 +816,7 @@ typedef struct recover_s {
   size_t nres, ri;
   size_t fi;                   /* final pass over unadopted rows */
   osr_gw_auth_t who;
+  const char *act_adopt, *act_fail, *act_orphan;
   unsigned adopted_n, orphans_n, failed_n;
 } recover_t;
 
@@ -808,23 +832,45 @@ static int cmp_row(const void *a, const void *b)
 
 static void rec_end(recover_t *r, int status)
 {
-  if (status == 0)
-    OSR_LOG_INFO(MOD, "recovery: %zu interrupted create(s): %u adopted, %u failed, %u orphan(s) "
+  if (status != 0)
+    OSR_LOG_ERROR(MOD, "%s failed: %s", r->at_start ? "recovery" : "stale creates",
+                  osr__err_text(status));
+  else if (r->at_start || r->n > 0)
+    OSR_LOG_INFO(MOD, "%s: %zu interrupted create(s): %u adopted, %u failed, %u orphan(s) "
                       "destroyed",
-                 r->n, r->adopted_n, r->failed_n, r->orphans_n);
-  else
-    OSR_LOG_ERROR(MOD, "recovery failed: %s", osr__err_text(status));
+                 r->at_start ? "recovery" : "stale creates", r->n, r->adopted_n, r->failed_n,
+                 r->orphans_n);
   for (size_t i = 0; i < r->n; i++)
     osr_binding_dispose(&r->rows[i]);
   osr_free(r->rows);
   osr_free(r->adopted);
   osr_free(r->list_failed);
   osr_free(r->res);
-  void (*cb)(osr_gw_t *, int) = r->cb;
+  osr__resolve_cb cb = r->cb;
+  void *cb_data = r->cb_data;
   osr_gw_t *gw = r->gw;
   osr_free(r);
   if (cb != NULL)
-    cb(gw, status);
+    cb(gw, status, cb_data);
+}
+
+/* Rows arrive from two queries (own, stale) that overlap; sorted, the
+ * duplicates are neighbours and the second copy goes. */
+static void rec_sort_dedup(recover_t *r)
+{
+  size_t o = 0;
+  if (r->n > 0)
+    qsort(r->rows, r->n, sizeof(*r->rows), cmp_row);
+  for (size_t i = 0; i < r->n; i++) {
+    if (o > 0 && strcmp(r->rows[o - 1].id, r->rows[i].id) == 0) {
+      osr_binding_dispose(&r->rows[i]);
+      continue;
+    }
+    if (o != i)
+      r->rows[o] = r->rows[i];
+    o++;
+  }
+  r->n = o;
 }
 
 static void rec_listed_rows(int status, const osr_binding_t *items, size_t n, const char *next,
@@ -836,6 +882,10 @@ static void rec_listed_rows(int status, const osr_binding_t *items, size_t n, co
     return;
   }
   for (size_t i = 0; i < n && r->n < RECOVER_MAX_ROWS; i++) {
+    /* A create this process is running is not interrupted (the reaper runs
+     * beside live creates; at start there are none). */
+    if (osr__create_in_flight(r->gw, items[i].id))
+      continue;
     if (r->n == r->cap) {
       r->cap = r->cap ? 2 * r->cap : 64;
       r->rows = osr_xrealloc(r->rows, r->cap * sizeof(*r->rows));
@@ -848,9 +898,19 @@ static void rec_listed_rows(int status, const osr_binding_t *items, size_t n, co
     rec_list_page(r);
     return;
   }
-  if (r->n > 0)
-    qsort(r->rows, r->n, sizeof(*r->rows), cmp_row);
-  r->adopted = osr_xcalloc(r->n ? r->n : 1, 1);
+  if (r->phase == 0) {
+    r->phase = 1;
+    r->cursor[0] = '\0';
+    rec_list_page(r);
+    return;
+  }
+  rec_sort_dedup(r);
+  if (r->n == 0) {
+    /* Nothing to resolve: no provider needs listing. */
+    rec_end(r, 0);
+    return;
+  }
+  r->adopted = osr_xcalloc(r->n, 1);
   r->pi = 0;
   rec_provider(r);
 }
@@ -862,6 +922,10 @@ static void rec_list_page(recover_t *r)
   q.state_mask = 1u << OSR_BINDING_CREATING;
   q.limit = RECOVER_PAGE;
   q.cursor = r->cursor[0] ? r->cursor : NULL;
+  if (r->phase == 0)
+    q.owner = r->gw->cfg->instance_id ? r->gw->cfg->instance_id : "";
+  else
+    q.created_before_ms = r->stale_before_ms;
   int rv = osr_store_list(r->gw->store, &q, rec_listed_rows, r);
   if (rv != 0)
     rec_end(r, rv);
@@ -882,9 +946,11 @@ static void rec_destroyed(osr_provider_t *p, int status, void *data)
     OSR_LOG_WARN(MOD, "recovery: destroying %s on %s failed: %s", res->provider_id, p->name,
                  osr_provider_err_name(status));
   r->orphans_n += ok;
-  osr_gw_audit(r->gw, &r->who, "recover.orphan", res->sandbox_id,
+  osr_gw_audit(r->gw, &r->who, r->act_orphan, res->sandbox_id,
                ok ? "ok" : osr_provider_err_name(status),
                json_pack("{s:s,s:s}", "provider", p->name, "providerId", res->provider_id));
+  if (ok && r->gw->metrics != NULL && !r->at_start)
+    osr_metrics_reaper(r->gw->metrics, r->act_orphan + 5 /* after "reap." */);
   rec_next_resource(r);
 }
 
@@ -910,8 +976,12 @@ static void rec_adopt_stored(int status, void *data)
     r->adopted[row - r->rows] = 1;
     r->adopted_n++;
     osr__cache_put(r->gw, row);
-    osr_gw_audit(r->gw, &r->who, "recover.adopt", row->id, "ok",
-                 json_pack("{s:s,s:s}", "provider", row->provider, "providerId", row->provider_id));
+    snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
+    osr_gw_audit(r->gw, &r->who, r->act_adopt, row->id, "ok",
+                 json_pack("{s:s,s:s,s:s}", "provider", row->provider, "providerId",
+                           row->provider_id, "resolution", "adopted"));
+    if (r->gw->metrics != NULL && !r->at_start)
+      osr_metrics_reaper(r->gw->metrics, r->act_adopt + 5);
   }
   rec_next_resource(r);
 }
@@ -991,6 +1061,13 @@ static void rec_resource(recover_t *r)
         rec_destroy(r);
       return;
     }
+    if (!r->at_start) {
+      /* The reaper's own reconciliation deals with every other resource
+       * later in the same pass; checking it here too would double the
+       * store reads. */
+      r->ri++;
+      continue;
+    }
     int rv = osr_store_get(r->gw->store, NULL, res->sandbox_id, rec_got, r);
     if (rv != 0)
       rec_got(rv, NULL, 0, r);
@@ -1043,13 +1120,49 @@ static void rec_failed_stored(int status, void *data)
   osr_binding_t *row = &r->rows[r->fi];
   if (status == 0) {
     r->failed_n++;
-    osr_gw_audit(r->gw, &r->who, "recover.fail", row->id, "ok",
-                 json_pack("{s:s,s:s}", "provider", row->provider, "reason", "interrupted"));
+    osr__cache_invalidate(r->gw, row->id);
+    snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
+    osr_gw_audit(r->gw, &r->who, r->act_fail, row->id, "ok",
+                 json_pack("{s:s,s:s,s:s}", "provider", row->provider, "reason", "interrupted",
+                           "resolution", "failed"));
+    if (r->gw->metrics != NULL && !r->at_start)
+      osr_metrics_reaper(r->gw->metrics, r->act_fail + 5);
   } else {
     OSR_LOG_WARN(MOD, "recovery: failing %s: %s", row->id, osr__err_text(status));
   }
   r->fi++;
   rec_final(r);
+}
+
+/* Fresh read right before failing a row: another gateway (the owner back
+ * from a restart, or a second gateway's reaper) may have resolved it since
+ * our snapshot, and a row it adopted must not be turned into a failure. */
+static void rec_fail_got(int status, const osr_binding_t *b, int created, void *data)
+{
+  recover_t *r = data;
+  osr_binding_t *row = &r->rows[r->fi];
+  (void)created;
+  if (status != 0 || b->state != OSR_BINDING_CREATING || b->updated_ms != row->updated_ms) {
+    if (status != 0 && status != OSR_ENOTFOUND)
+      OSR_LOG_WARN(MOD, "recovery: re-reading %s: %s", row->id, osr__err_text(status));
+    r->fi++;
+    rec_final(r);
+    return;
+  }
+  /* No resource carries this id on the provider the row names: the
+   * process died before the provider created anything (or it already
+   * cleaned up after a boot failure). */
+  int64_t now = osr_now_ms();
+  row->state = OSR_BINDING_FAILED;
+  row->updated_ms = now;
+  row->ended_ms = now;
+  snprintf(row->end_reason, sizeof(row->end_reason), "failed: interrupted");
+  osr_free(row->error_json);
+  row->error_json = osr_xstrdup("{\"code\":\"all_providers_failed\",\"message\":\"the gateway "
+                                "stopped while the sandbox was being created\",\"attempts\":[]}");
+  int rv = osr_store_update(r->gw->store, row, rec_failed_stored, r);
+  if (rv != 0)
+    rec_failed_stored(rv, r);
 }
 
 static void rec_final(recover_t *r)
@@ -1064,36 +1177,67 @@ static void rec_final(recover_t *r)
       r->fi++;
       continue;
     }
-    /* No resource carries this id on the provider the row names: the
-     * process died before the provider created anything (or it already
-     * cleaned up after a boot failure). */
-    int64_t now = osr_now_ms();
-    row->state = OSR_BINDING_FAILED;
-    row->updated_ms = now;
-    row->ended_ms = now;
-    snprintf(row->end_reason, sizeof(row->end_reason), "failed: interrupted");
-    osr_free(row->error_json);
-    row->error_json = osr_xstrdup("{\"code\":\"all_providers_failed\",\"message\":\"the gateway "
-                                  "stopped while the sandbox was being created\",\"attempts\":[]}");
-    int rv = osr_store_update(r->gw->store, row, rec_failed_stored, r);
-    if (rv != 0)
-      rec_failed_stored(rv, r);
+    int rv = osr_store_get(r->gw->store, NULL, row->id, rec_fail_got, r);
+    if (rv != 0) {
+      r->fi++;
+      continue;
+    }
     return;
   }
   rec_end(r, 0);
 }
 
-void osr_gw_recover(osr_gw_t *gw, void (*cb)(osr_gw_t *gw, int status))
+void osr__resolve_creating(osr_gw_t *gw, int at_start, osr__resolve_cb cb, void *data)
 {
   recover_t *r = osr_xcalloc(1, sizeof(*r));
   r->gw = gw;
   r->cb = cb;
+  r->cb_data = data;
+  r->at_start = at_start;
   size_t np = osr_providers_count(gw->providers);
   r->list_failed = osr_xcalloc(np ? np : 1, 1);
-  osr__auth_system(&r->who, "system", NULL);
+  uint64_t stale = gw->cfg->stale_creating_ms ? gw->cfg->stale_creating_ms : 120000;
+  r->stale_before_ms = osr_now_ms() - (int64_t)stale;
+  if (at_start) {
+    osr__auth_system(&r->who, "system", NULL);
+    r->act_adopt = "recover.adopt";
+    r->act_fail = "recover.fail";
+    r->act_orphan = "recover.orphan";
+    /* Phase 0 lists our own rows. Without an id (a config built by hand:
+     * osr_gw_config_load always sets one) our rows are the ones with owner
+     * "", which is also what create writes then: one gateway alone
+     * behaves as before owners existed. */
+    r->phase = 0;
+  } else {
+    osr__auth_system(&r->who, "reaper", NULL);
+    r->act_adopt = "reap.stale_creating";
+    r->act_fail = "reap.stale_creating";
+    r->act_orphan = "reap.orphan";
+    r->phase = 1;
+  }
   if (gw->store == NULL) {
     rec_end(r, OSR_EUNAVAILABLE);
     return;
   }
   rec_list_page(r);
+}
+
+typedef struct recover_start_s {
+  void (*cb)(osr_gw_t *gw, int status);
+} recover_start_t;
+
+static void recovered(osr_gw_t *gw, int status, void *data)
+{
+  recover_start_t *s = data;
+  void (*cb)(osr_gw_t *, int) = s->cb;
+  osr_free(s);
+  if (cb != NULL)
+    cb(gw, status);
+}
+
+void osr_gw_recover(osr_gw_t *gw, void (*cb)(osr_gw_t *gw, int status))
+{
+  recover_start_t *s = osr_xcalloc(1, sizeof(*s));
+  s->cb = cb;
+  osr__resolve_creating(gw, 1, recovered, s);
 }

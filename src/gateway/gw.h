@@ -50,6 +50,13 @@ typedef struct osr_gw_config_s {
   size_t max_request_body;       /**< API JSON bodies; default 1 MiB */
   osr_http_limits_t http_limits;
   const char *config_file;       /**< the file that was loaded, or NULL */
+  const char *instance_id;       /**< this gateway's identity in the shared store (bindings.owner):
+                                      instance_id / OSR_INSTANCE_ID / --instance-id; default
+                                      "gw-" + first 16 hex of SHA-256(hostname "\n" data_dir),
+                                      stable across restarts. At most 63 chars [A-Za-z0-9._:-] */
+  uint64_t stale_creating_ms;    /**< reaper.stale_creating_ms: a binding still creating after
+                                      this long is resolved by any gateway (its owner is presumed
+                                      dead); default 120000 = 2x the create deadline */
   /* private: memory owned by the config (strings point into it) */
   json_t *_owned;
 } osr_gw_config_t;

@@ -3,8 +3,15 @@
  * asynchronous steps on the loop thread, one store or provider call at a
  * time, so a pass never floods the store or a provider and never blocks:
  *
+ *   0. stale creates: bindings still creating after stale_creating_ms, of
+ *      any gateway, are resolved like recovery at start does (adopt what
+ *      the provider has under their label, fail the rest; shared code in
+ *      create.c, osr__resolve_creating), audited "reap.stale_creating".
+ *      This is what cleans up after a gateway that died and never came
+ *      back, since recovery at start only takes a gateway's own rows;
  *   1. snapshot the live bindings (creating, running, paused), page by page;
- *   2. count the finished ones for the sandboxes{state} gauge;
+ *   2. count bindings per state for the sandboxes{state} gauge (one
+ *      GROUP BY in the store);
  *   3. TTL and idle: for each expired live binding, re-read it (a timeout
  *      extension or a kill may have happened since the snapshot), destroy
  *      the provider resource, mark it ended;
@@ -32,7 +39,6 @@
 #define MOD "reaper"
 #define PAGE 500
 #define MAX_LIVE 200000
-#define MAX_COUNT_PAGES 200
 #define STATE_SLOTS 8
 
 typedef struct live_s {
@@ -68,7 +74,6 @@ struct osr_reaper_s {
   size_t nlive, cap;
   uint64_t counts[STATE_SLOTS];
   char cursor[256];
-  int count_pages;
   size_t xi;                   /* expiry scan */
   const char *reason;          /* "ttl" | "idle" for xi */
   osr_binding_t cur;           /* fresh copy being acted on */
@@ -133,8 +138,6 @@ static void live_listed(int status, const osr_binding_t *items, size_t n, const 
     l->expires_ms = items[i].expires_ms;
     l->idle_timeout_ms = items[i].idle_timeout_ms;
     l->last_activity_ms = items[i].last_activity_ms;
-    if ((unsigned)items[i].state < STATE_SLOTS)
-      r->counts[items[i].state]++;
   }
   if (next != NULL && r->nlive < MAX_LIVE) {
     snprintf(r->cursor, sizeof(r->cursor), "%s", next);
@@ -144,7 +147,6 @@ static void live_listed(int status, const osr_binding_t *items, size_t n, const 
   if (r->nlive > 0)
     qsort(r->live, r->nlive, sizeof(*r->live), cmp_live);
   r->cursor[0] = '\0';
-  r->count_pages = 0;
   pass_count_page(r);
 }
 
@@ -161,40 +163,26 @@ static void pass_live_page(osr_reaper_t *r)
     pass_end(r, rv);
 }
 
-/* ---- 2. counts of finished bindings --------------------------------------- */
+/* ---- 2. counts per state --------------------------------------------------- */
 
-static void count_listed(int status, const osr_binding_t *items, size_t n, const char *next,
-                         void *data)
+static void counted(int status, const uint64_t *counts, size_t n, void *data)
 {
   osr_reaper_t *r = data;
-  if (status == 0) {
-    for (size_t i = 0; i < n; i++)
-      if ((unsigned)items[i].state < STATE_SLOTS)
-        r->counts[items[i].state]++;
-    /* Past the page cap the gauges are lower bounds; a count query in the
-     * store would make this exact and cheap. */
-    if (next != NULL && ++r->count_pages < MAX_COUNT_PAGES) {
-      snprintf(r->cursor, sizeof(r->cursor), "%s", next);
-      pass_count_page(r);
-      return;
-    }
-  }
-  if (r->gw->metrics != NULL)
+  /* A failed count leaves the gauges as they were rather than at zero. */
+  if (status == 0 && r->gw->metrics != NULL) {
+    for (size_t s = 0; s < n && s < STATE_SLOTS; s++)
+      r->counts[s] = counts[s];
     osr_metrics_sandboxes(r->gw->metrics, r->counts, STATE_SLOTS);
+  }
   r->xi = 0;
   pass_expire(r);
 }
 
 static void pass_count_page(osr_reaper_t *r)
 {
-  osr_store_query_t q;
-  memset(&q, 0, sizeof(q));
-  q.state_mask = (1u << OSR_BINDING_ENDED) | (1u << OSR_BINDING_FAILED) | (1u << OSR_BINDING_LOST);
-  q.limit = PAGE;
-  q.cursor = r->cursor[0] ? r->cursor : NULL;
-  int rv = osr_store_list(r->gw->store, &q, count_listed, r);
+  int rv = osr_store_count_by_state(r->gw->store, NULL, counted, r);
   if (rv != 0)
-    count_listed(rv, NULL, 0, NULL, r);
+    counted(rv, NULL, 0, r);
 }
 
 /* ---- 3. TTL and idle ------------------------------------------------------ */
@@ -479,6 +467,22 @@ static void on_timer_closed(uv_handle_t *h)
 
 static void pass_start(osr_reaper_t *r);
 
+/* ---- 0. stale creates ------------------------------------------------------ */
+
+static void stale_resolved(osr_gw_t *gw, int status, void *data)
+{
+  osr_reaper_t *r = data;
+  (void)gw;
+  /* A store error here fails the listing below the same way; go on so
+   * TTLs are still enforced if only this step had trouble. */
+  (void)status;
+  if (r->stopping) {
+    pass_end(r, 0);
+    return;
+  }
+  pass_live_page(r);
+}
+
 static void pass_end(osr_reaper_t *r, int status)
 {
   if (status != 0)
@@ -525,7 +529,7 @@ static void pass_start(osr_reaper_t *r)
   r->pass_start_ms = osr_now_ms();
   memset(r->counts, 0, sizeof(r->counts));
   r->cursor[0] = '\0';
-  pass_live_page(r);
+  osr__resolve_creating(r->gw, 0, stale_resolved, r);
 }
 
 static void on_tick(uv_timer_t *t)

@@ -73,6 +73,22 @@ void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *ide
  *  recovery leave such bindings alone). */
 int osr__create_in_flight(osr_gw_t *gw, const char *id);
 
+/** Called once when osr__resolve_creating is done; status 0 or a store error. */
+typedef void (*osr__resolve_cb)(osr_gw_t *gw, int status, void *data);
+
+/** Resolve interrupted creates (create.c): bindings still CREATING that this
+ *  instance owns (`at_start` only: recovery after our own crash) plus those
+ *  of any owner created more than cfg->stale_creating_ms ago (their gateway
+ *  is gone). For each, the provider it names is asked for resources carrying
+ *  the sandbox id: one is adopted (row RUNNING/PAUSED), extra ones are
+ *  destroyed, and a row with none is marked FAILED. Rows of a provider that
+ *  cannot be listed stay creating. At start every other labelled resource is
+ *  also checked for orphans ("recover.*" audit actions); from the reaper
+ *  ("reap.stale_creating", "reap.orphan") that is left to its own
+ *  reconciliation. Creates running in this process are skipped. cb fires
+ *  exactly once (inside this call only when the store cannot be asked). */
+void osr__resolve_creating(osr_gw_t *gw, int at_start, osr__resolve_cb cb, void *data);
+
 /** Should a provider resource labelled with a sandbox id be kept, given the
  *  binding the store has for that id (NULL if none)? Returns 1 to keep, 0
  *  when it is an orphan to destroy (with the reason in `why`). */

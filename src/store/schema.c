@@ -28,7 +28,8 @@
 #define OSR__B_COLS                                                                           \
   "id, tenant, idem_key, request_hash, template_id, provider, provider_id, region, isolation, " \
   "agent_endpoint, state, attempt, created_ms, updated_ms, expires_ms, idle_timeout_ms, "       \
-  "last_activity_ms, ended_ms, end_reason, request_json, granted_json, metadata_json, error_json"
+  "last_activity_ms, ended_ms, end_reason, request_json, granted_json, metadata_json, "         \
+  "error_json, owner"
 
 #define OSR__A_COLS "seq, at_ms, tenant, actor, action, sandbox_id, outcome, detail_json"
 #define OSR__K_COLS "key_id, tenant, role, hash, name, created_ms, revoked_ms"
@@ -42,20 +43,23 @@ const char *const osr__stmt_sql[OSR__ST_COUNT] = {
   [OSR__ST_ROLLBACK] = "ROLLBACK",
   [OSR__ST_B_INSERT] =
     "INSERT INTO bindings (" OSR__B_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
-    "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) ON CONFLICT DO NOTHING",
+    "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) ON CONFLICT DO NOTHING",
   /* idem_key <> '' repeats the partial index's predicate so the planner may
    * use that index whatever the parameter's value. */
   [OSR__ST_B_BY_KEY] = "SELECT " OSR__B_COLS
                        " FROM bindings WHERE tenant = $1 AND idem_key = $2 AND idem_key <> ''",
   [OSR__ST_B_BY_ID] = "SELECT " OSR__B_COLS " FROM bindings WHERE id = $1",
   /* last_activity_ms only moves forward: an update built from a stale copy
-   * must not undo touches that landed in between. */
+   * must not undo touches that landed in between. An empty owner keeps the
+   * stored one, so updaters that never heard of owners (a copy made from a
+   * struct without it) cannot erase it. */
   [OSR__ST_B_UPDATE] =
     "UPDATE bindings SET provider = $2, provider_id = $3, region = $4, isolation = $5, "
     "agent_endpoint = $6, state = $7, attempt = $8, updated_ms = $9, expires_ms = $10, "
     "idle_timeout_ms = $11, last_activity_ms = CASE WHEN last_activity_ms > $12 THEN "
     "last_activity_ms ELSE $12 END, ended_ms = $13, end_reason = $14, granted_json = $15, "
-    "error_json = $16 WHERE id = $1",
+    "error_json = $16, owner = CASE WHEN CAST($17 AS TEXT) = '' THEN owner ELSE CAST($17 AS TEXT) "
+    "END WHERE id = $1",
   [OSR__ST_B_TOUCH] =
     "UPDATE bindings SET last_activity_ms = $2 WHERE id = $1 AND last_activity_ms < $2",
   [OSR__ST_META_INSERT] =
@@ -132,7 +136,19 @@ static const char migration_1[] =
   " detail_json TEXT);"
   "CREATE INDEX audit_tenant_seq ON audit (tenant, seq)";
 
+/* Migration 2: which gateway instance owns a row's create, so recovery at
+ * start resolves only its own interrupted creates and leaves those another
+ * live gateway on the same database is still running. Rows written before
+ * this migration get owner '' and are resolved only once stale. The partial
+ * index serves both recovery queries (own rows; any row older than the
+ * stale age) without scanning finished bindings. Concurrent starts are
+ * serialised by migrate() like migration 1: ALTER TABLE runs once. */
+static const char migration_2[] =
+  "ALTER TABLE bindings ADD COLUMN owner TEXT NOT NULL DEFAULT '';"
+  "CREATE INDEX bindings_creating ON bindings (owner, created_ms) WHERE state = 1";
+
 const osr__migration_t osr__migrations[] = {
   {1, migration_1},
+  {2, migration_2},
 };
 const size_t osr__nmigrations = OSR_ARRAY_SIZE(osr__migrations);

@@ -43,6 +43,7 @@
 #define OSR_ID_MAX 40
 #define OSR_TENANT_MAX 64
 #define OSR_IDEM_KEY_MAX 256
+#define OSR_OWNER_MAX 64
 
 /** Lifecycle of a binding. */
 typedef enum osr_binding_state_e {
@@ -87,6 +88,9 @@ typedef struct osr_binding_s {
   char *granted_json;               /**< capabilities granted (JSON object) */
   char *metadata_json;              /**< user metadata (JSON object of strings) */
   char *error_json;                 /**< for FAILED: attempts and reasons */
+  char owner[OSR_OWNER_MAX];        /**< instance id of the gateway that wrote the intent (and
+                                         runs the create); "" for rows older than schema v2.
+                                         osr_store_update keeps the stored owner when "" */
 } osr_binding_t;
 
 void osr_binding_init(osr_binding_t *b);
@@ -145,10 +149,21 @@ typedef struct osr_store_query_s {
   const char *cursor;               /**< from a previous page; NULL = first */
   size_t limit;                     /**< 1..1000, default 100 */
   int64_t expires_before_ms;        /**< reaper: expires_ms != 0 && < this; 0 = off */
+  const char *owner;                /**< only rows with this owner; NULL = any */
+  int64_t created_before_ms;        /**< only rows with created_ms < this; 0 = off */
 } osr_store_query_t;
 
 /** List bindings ordered by (created_ms, id); next_cursor NULL on the last page. */
 int osr_store_list(osr_store_t *st, const osr_store_query_t *q, osr_store_list_cb cb, void *data);
+
+/** Row counts per state: counts[s] for s in 1..OSR_BINDING_LOST (index 0
+ *  unused), n = OSR_BINDING_LOST + 1. Valid during the call. */
+typedef void (*osr_store_counts_cb)(int status, const uint64_t *counts, size_t n, void *data);
+
+/** Count bindings by state (one GROUP BY query, for the sandboxes{state}
+ *  gauge); `tenant` NULL = all tenants. */
+int osr_store_count_by_state(osr_store_t *st, const char *tenant, osr_store_counts_cb cb,
+                             void *data);
 
 /** Record data-plane activity (idle tracking); cheap, batched. */
 int osr_store_touch(osr_store_t *st, const char *id, int64_t at_ms, osr_store_done_cb cb,

@@ -103,5 +103,103 @@ class Recovery(unittest.TestCase):
             self.run_crash(store=pg.url)
 
 
+class MultiGateway(unittest.TestCase):
+    """Two gateways (instance ids A and B, their own data dirs) on ONE
+    PostgreSQL and one external osr-sim. B restarting must not touch the
+    creates A is running; once A dies for good, B's reaper resolves A's
+    leftovers after reaper.stale_creating_ms."""
+
+    STALE_MS = 4000
+
+    def gateway(self, pg, sim, ident):
+        return gwlib.Gateway([{"name": "sim", "type": "sim", "url": sim.url}], store=pg.url,
+                             cfg={"instance_id": ident,
+                                  "reaper": {"interval_ms": 300,
+                                             "stale_creating_ms": self.STALE_MS}})
+
+    def start_creates(self, gw, tkey, n, tag):
+        out = {}
+
+        def create(i):
+            try:
+                out[i] = gw.create(tkey, {"metadata": {"tag": tag, "i": str(i)}}, timeout=30)
+            except OSError:
+                out[i] = None  # the gateway was killed under this request
+        ts = [threading.Thread(target=create, args=(i,), daemon=True) for i in range(n)]
+        for t in ts:
+            t.start()
+        return ts, out
+
+    def creating_of(self, gw, tag):
+        return [s for s in gw.list_all(gwlib.ADMIN_KEY, "state=creating&metadata.tag=" + tag)]
+
+    def test_restart_spares_live_peer_then_reaper_takes_dead_peer(self):
+        with services.PgServer() as pg, gwlib.Sim("--latency-ms", "3000") as sim:
+            a = self.gateway(pg, sim, "gw-a")
+            b = self.gateway(pg, sim, "gw-b")
+            try:
+                key = gwlib.ADMIN_KEY
+                tkey = a.new_key("acme")
+
+                # 1. A has creates in flight (intents durable, sim still
+                # booting them: 3 s) while B restarts and recovers.
+                ts, out = self.start_creates(a, tkey, N, "first")
+                a.wait(lambda: len(self.creating_of(a, "first")) == N, what="%d intents of A" % N)
+                b.kill9()
+                b.start()
+                # B's recovery has run once it listens; its reaper keeps
+                # running beside A's creates.
+                for t in ts:
+                    t.join(40)
+                self.assertEqual(sorted(out), list(range(N)))
+                for i, r in out.items():
+                    self.assertIsNotNone(r, i)
+                    self.assertEqual(r.status, 201, r)
+                items = [s for s in a.list_all(key) if s["metadata"].get("tag") == "first"]
+                self.assertEqual(len(items), N)
+                self.assertTrue(all(s["state"] == "running" for s in items), items)
+                # B touched none of them: no recovery or reaper action on A's rows.
+                audit = b.req("GET", "/v1/audit?limit=1000", key=key).json["items"]
+                ids = {s["id"] for s in items}
+                touched = [e for e in audit if e["sandboxId"] in ids and
+                           (e["action"].startswith("recover.") or e["action"].startswith("reap."))]
+                self.assertEqual(touched, [])
+                res = sim.resources()
+                by_sid = {r["sandbox_id"]: r for r in res}
+                self.assertEqual(len(res), N)
+                for s in items:
+                    self.assertEqual(by_sid[s["id"]]["id"], s["binding"]["providerId"])
+
+                # 2. A is killed -9 mid-create and never comes back.
+                ts, out = self.start_creates(a, tkey, N, "second")
+                a.wait(lambda: len(self.creating_of(a, "second")) == N, what="%d intents of A" % N)
+                a.kill9()
+                # Right after, B must still leave them alone (not stale yet).
+                time.sleep(1.0)
+                self.assertEqual(len(self.creating_of(b, "second")), N)
+                for t in ts:
+                    t.join(40)
+                # B's reaper resolves them once stale: nothing creating, no
+                # orphan, the sim agrees.
+                items, res = settle(self, b, sim, key, timeout=60)
+                second = [s for s in items if s["metadata"].get("tag") == "second"]
+                self.assertEqual(len(second), N)
+                audit = b.req("GET", "/v1/audit?limit=1000", key=key).json["items"]
+                stale = [e for e in audit if e["action"] == "reap.stale_creating"]
+                self.assertEqual({e["sandboxId"] for e in stale}, {s["id"] for s in second})
+                self.assertTrue(all(e["outcome"] == "ok" for e in stale), stale)
+                # Each one was adopted (sim finished it) or failed (it had not
+                # started), never left pending.
+                self.assertTrue(all(s["state"] in ("running", "failed") for s in second), second)
+                # B keeps working.
+                r = b.create(tkey, {}, timeout=20)
+                self.assertEqual(r.status, 201, r)
+            finally:
+                try:
+                    a.close()
+                finally:
+                    b.close()
+
+
 if __name__ == "__main__":
     osrtest.run()

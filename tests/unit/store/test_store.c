@@ -288,6 +288,29 @@ static void sync_list(ctx_t *c, const osr_store_query_t *q, res_t *r)
   wait_for(&c->loop, &r->done, 1);
 }
 
+typedef struct counts_s {
+  int status, done;
+  size_t n;
+  uint64_t c[OSR_BINDING_LOST + 1];
+} counts_t;
+
+static void on_counts(int status, const uint64_t *counts, size_t n, void *data)
+{
+  counts_t *r = data;
+  r->status = status;
+  r->n = n;
+  for (size_t i = 0; i < n && i <= OSR_BINDING_LOST; i++)
+    r->c[i] = counts[i];
+  r->done++;
+}
+
+static void sync_count(ctx_t *c, const char *tenant, counts_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(osr_store_count_by_state(c->st, tenant, on_counts, r), 0);
+  wait_for(&c->loop, &r->done, 1);
+}
+
 /* Read a whole listing page by page; returns the number of rows and checks
  * the (created_ms, id) order and that no row repeats. */
 static size_t list_all(ctx_t *c, osr_store_query_t q, size_t page, char ids[][OSR_ID_MAX], size_t cap)
@@ -675,6 +698,7 @@ static void test_list(void **state)
              j % 3 == 0 ? "a" : "b", j);
     b.metadata_json = meta;
     b.expires_ms = j < 5 ? 1000 + j : 0;
+    snprintf(b.owner, sizeof(b.owner), "%s", j < 10 ? "gw-x" : "gw-y");
     sync_create(&c, &b, &r);
     assert_int_equal(r.status, 0);
     assert_int_equal(r.created, 1);
@@ -683,6 +707,8 @@ static void test_list(void **state)
     if (j % 2 == 1) {
       b.metadata_json = NULL;
       b.state = OSR_BINDING_RUNNING;
+      if (j < 10)
+        b.owner[0] = '\0'; /* an update without an owner keeps the stored one */
       sync_update(&c, &b, &r);
       assert_int_equal(r.status, 0);
     }
@@ -745,6 +771,41 @@ static void test_list(void **state)
   q.expires_before_ms = 1003;
   assert_int_equal(list_all(&c, q, 2, ids, 64), 3);
   q.expires_before_ms = 0;
+
+  /* Recovery queries: by owner (kept by updates without one), and older
+   * than a cut-off (rows j < 10 have created_ms < base + 5). */
+  q.owner = "gw-x";
+  assert_int_equal(list_all(&c, q, 4, ids, 64), 10);
+  q.owner = "gw-y";
+  assert_int_equal(list_all(&c, q, 4, ids, 64), 13);
+  q.state_mask = 1u << OSR_BINDING_CREATING;
+  assert_int_equal(list_all(&c, q, 4, ids, 64), 7); /* even j in 10..22 */
+  q.state_mask = 0;
+  q.created_before_ms = 1700000000000 + 5;
+  assert_int_equal(list_all(&c, q, 4, ids, 64), 0);
+  q.owner = NULL;
+  assert_int_equal(list_all(&c, q, 4, ids, 64), 10);
+  q.created_before_ms = 0;
+  sync_get(&c, NULL, made[1], &r);
+  assert_int_equal(r.status, 0);
+  assert_string_equal(r.b.owner, "gw-x");
+  res_free(&r);
+
+  /* Counts by state, per tenant and across tenants. */
+  {
+    counts_t k;
+    sync_count(&c, tenant, &k);
+    assert_int_equal(k.status, 0);
+    assert_int_equal(k.n, OSR_BINDING_LOST + 1);
+    assert_int_equal(k.c[OSR_BINDING_CREATING], 10);
+    assert_int_equal(k.c[OSR_BINDING_RUNNING], 10);
+    assert_int_equal(k.c[OSR_BINDING_FAILED], 0);
+    sync_count(&c, other, &k);
+    assert_int_equal(k.c[OSR_BINDING_CREATING], 2);
+    assert_int_equal(k.c[OSR_BINDING_RUNNING], 1);
+    sync_count(&c, NULL, &k);
+    assert_true(k.c[OSR_BINDING_RUNNING] >= 11);
+  }
 
   /* Limit clamps: 0 means the default page. */
   q.limit = 0;
