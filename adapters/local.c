@@ -127,6 +127,7 @@ struct lop_s {
   char env_blob[8192];    /* NUL-separated KEY=VALUE pairs from spec->env */
   size_t env_len;
   uint64_t deadline_ms;
+  uint64_t t0_ns, tspawn_ns; /* create started / sandbox spawned (uv_hrtime), for the debug log */
   unsigned probe_attempt;
   int boot_exited;        /* the container wrapper died during boot */
   char snapshot_path[L_PATH]; /* restore source / snapshot output */
@@ -1609,6 +1610,7 @@ static void op_next(lop_t *op)
 
   switch (op->step) {
   case S_PREP:
+    op->t0_ns = uv_hrtime();
     op->step = op->snapshot_path[0] ? S_UNTAR : sb->iso == OSR_ISO_GVISOR ? S_RUNSC_CREATE
                                                                             : S_SPAWN;
     rv = op_work(op, prep_work);
@@ -1635,6 +1637,7 @@ static void op_next(lop_t *op)
       return;
     }
     op->pause_target = 0;
+    op->tspawn_ns = uv_hrtime();
     rv = spawn_container(op);
     if (rv != 0) {
       op_fail(op, OSR_PERR_BOOT_FAILED);
@@ -1654,6 +1657,7 @@ static void op_next(lop_t *op)
       return;
     }
     op->pause_target = 0;
+    op->tspawn_ns = uv_hrtime();
     op->step = S_RUNSC_START;
     rv = op_runsc(op, "create", NULL, NULL);
     break;
@@ -1698,13 +1702,19 @@ static void op_next(lop_t *op)
       return;
     }
     {
-      /* Back off: 1, 2, 4 ... 32 ms between probes. */
-      unsigned a = op->probe_attempt < 6 ? op->probe_attempt : 5;
+      /* 1 ms between probes for the first ~150 ms (a probe of a socket
+       * that does not exist yet is one failed connect(): cheap, and every
+       * millisecond here is time to interactive), then back off 2, 4 ...
+       * 32 ms for a slow boot (gVisor). */
+      unsigned a = op->probe_attempt < 100 ? 0 : op->probe_attempt - 99;
       op->spawn_exit = -2;
-      uv_timer_start(&op->timer, on_op_timer, 1u << a, 0);
+      uv_timer_start(&op->timer, on_op_timer, 1u << (a < 5 ? a : 5), 0);
     }
     return;
   case S_META:
+    OSR_LOG_DEBUG(MOD, "%s: agent ready %.1f ms after create (prepare %.1f ms, boot %.1f ms, %u probes)",
+                  sb->id, (uv_hrtime() - op->t0_ns) / 1e6, (op->tspawn_ns - op->t0_ns) / 1e6,
+                  (uv_hrtime() - op->tspawn_ns) / 1e6, op->probe_attempt);
     sb->ready = 1;
     op->step = S_DONE;
     rv = op_work(op, meta_work);

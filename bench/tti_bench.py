@@ -124,6 +124,7 @@ def main():
     ap.add_argument("-n", type=int, default=100)
     ap.add_argument("--burst", type=int, default=100)
     ap.add_argument("--warm", type=int, default=1, help="warm pool size for the warm runs")
+    ap.add_argument("--modes", default="cold,warm", help="cold, warm or both")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ["OSR_LOCAL_DRIVER"] = os.path.join(build, "tests", "integration", "local", "local_driver")
@@ -135,12 +136,14 @@ def main():
         if why:
             print("%s: skipped (%s)" % (cls, why), file=sys.stderr)
             continue
-        for mode in ("cold", "warm"):
+        for mode in args.modes.split(","):
             state = tempfile.mkdtemp(prefix="osr-tti-", dir="/tmp")
             os.chmod(state, 0o711)
             cfg = {"warm_pool": {cls: args.warm}} if mode == "warm" else {}
             d = T.Driver(state, **cfg)
             for kind, n, conc in (("sequential", args.n, False), ("burst", args.burst, True)):
+                if n <= 0:
+                    continue
                 if mode == "warm" and not wait_pool(state, cls, 1):
                     rows.append((cls, mode, kind, {"n": n, "ok": 0, "success": 0.0, "p50": float("nan"),
                                                    "p95": float("nan"), "p99": float("nan"),
