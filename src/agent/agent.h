@@ -57,15 +57,15 @@ struct agent_s {
   char *token; /**< NULL: no access token (open) */
   size_t ring_bytes;
   size_t max_procs;
-  char *workdir;       /**< default cwd (owned), NULL = the user's home; set by --workdir
-                            or POST /init defaultWorkdir. Loop thread only: jobs copy it. */
+  char *workdir;         /**< default cwd (owned), NULL = the user's home; set by --workdir
+                              or POST /init defaultWorkdir. Loop thread only: jobs copy it. */
   char default_user[64]; /**< user for requests that name none ("" = the agent's own);
                               --default-user, POST /init defaultUser, or "user" when the
                               agent runs as root and that user exists (envd's default) */
-  char **envs;         /**< --env K=V (sandbox env vars), NULL-terminated */
+  char **envs;           /**< --env K=V (sandbox env vars), NULL-terminated */
   size_t nenvs;
-  int64_t init_ts_ns;  /**< newest POST /init timestamp applied (envd's lastSetTime) */
-  agent_user_t self; /**< who the agent runs as */
+  int64_t init_ts_ns; /**< newest POST /init timestamp applied (envd's lastSetTime) */
+  agent_user_t self;  /**< who the agent runs as */
   int is_root;
   int shutting_down;
   /* process table */

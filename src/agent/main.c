@@ -157,10 +157,9 @@ int osr__agent_parse_rfc3339(const char *s, int64_t *ns)
 {
   int Y, M, D, h, m, sec;
   const char *p = s;
-  if (digits(&p, 4, &Y) || *p++ != '-' || digits(&p, 2, &M) || *p++ != '-' ||
-      digits(&p, 2, &D) || (*p != 'T' && *p != 't' && *p != ' ') || !*p++ ||
-      digits(&p, 2, &h) || *p++ != ':' || digits(&p, 2, &m) || *p++ != ':' ||
-      digits(&p, 2, &sec))
+  if (digits(&p, 4, &Y) || *p++ != '-' || digits(&p, 2, &M) || *p++ != '-' || digits(&p, 2, &D) ||
+      (*p != 'T' && *p != 't' && *p != ' ') || !*p++ || digits(&p, 2, &h) || *p++ != ':' ||
+      digits(&p, 2, &m) || *p++ != ':' || digits(&p, 2, &sec))
     return -1;
   if (M < 1 || M > 12 || D < 1 || D > 31 || h > 23 || m > 59 || sec > 60)
     return -1;
@@ -276,10 +275,10 @@ static const char *apply_init(agent_t *a, json_t *j)
     osr_free(a->workdir);
     a->workdir = json_string_length(wd) > 0 ? osr_xstrdup(json_string_value(wd)) : NULL;
   }
-  OSR_LOG_INFO("agent", "/init: %zu env vars%s%s%s", json_is_object(env) ? json_object_size(env) : 0,
-               json_is_string(tok) ? ", new access token" : "",
-               json_is_string(user) ? ", default user " : "",
-               json_is_string(user) ? a->default_user : "");
+  OSR_LOG_INFO(
+      "agent", "/init: %zu env vars%s%s%s", json_is_object(env) ? json_object_size(env) : 0,
+      json_is_string(tok) ? ", new access token" : "",
+      json_is_string(user) ? ", default user " : "", json_is_string(user) ? a->default_user : "");
   return NULL;
 }
 
