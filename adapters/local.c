@@ -175,7 +175,8 @@ struct lp_s {
   uint32_t uid_base;
   uint32_t boot_timeout_ms;
   lpool_t pools[2];       /* [0] container, [1] gvisor */
-  int pool_disabled;      /* the agent refused the handoff (no POST /init) */
+  int pool_disabled;      /* the agent refused the handoff, or pool creates keep failing */
+  unsigned pool_failures; /* pool creates failed in a row */
   /* host capabilities, probed at init */
   int cg_mem, cg_pids, cg_cpu, cg_freezer;
   int can_mount;
@@ -594,6 +595,7 @@ static void op_next(lop_t *op);
 static void op_finish(lop_t *op);
 static int op_work(lop_t *op, void (*fn)(uv_work_t *w));
 static void pool_kick(lp_t *lp);
+static void on_kick(uv_timer_t *t);
 
 static void op_unlink(lp_t *lp, lop_t *op)
 {
@@ -1791,8 +1793,19 @@ static void op_next(lop_t *op)
       /* A failed create has been torn down: report the failure. */
       if (op->status == 0)
         op->status = OSR_PERR_BOOT_FAILED;
-      if (op->kind == K_POOL)
+      if (op->kind == K_POOL) {
         lp->pools[pool_idx(sb->iso)].filling--;
+        /* Refill again later, not now: a runtime that fails every boot
+         * must not turn the pool into a busy loop. Give up after a run of
+         * failures (creates are cold from then on). */
+        if (++lp->pool_failures >= 5 && !lp->pool_disabled) {
+          OSR_LOG_WARN(MOD, "provider '%s': %u warm-pool creates failed in a row: warm pool "
+                       "disabled", lp->p->name, lp->pool_failures);
+          lp->pool_disabled = 1;
+        } else if (!lp->closing && lp->kick_open) {
+          uv_timer_start(&lp->kick, on_kick, 1000u << (lp->pool_failures - 1), 0);
+        }
+      }
       break;
     }
     if (op->handoff_failed == 0 && op->init_json != NULL) {
@@ -1809,6 +1822,7 @@ static void op_next(lop_t *op)
     }
     if (op->kind == K_POOL) {
       lp->pools[pool_idx(sb->iso)].filling--;
+      lp->pool_failures = 0;
       pool_kick(lp);
     } else {
       arm_ttl(sb);
@@ -2432,11 +2446,15 @@ static void on_kick_list(osr_provider_t *p, int status, const osr_resource_t *re
     OSR_LOG_WARN(MOD, "provider '%s': initial scan failed: %s", p->name, osr_strerror(status));
 }
 
+/* The first scan right after init; later, a delayed pool refill after a
+ * failed pool create. */
 static void on_kick(uv_timer_t *t)
 {
   lp_t *lp = t->data;
   if (!lp->scanned)
     local_list(lp->p, on_kick_list, NULL);
+  else
+    pool_kick(lp);
 }
 
 /* ---- close ------------------------------------------------------------------------- */

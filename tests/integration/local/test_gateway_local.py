@@ -80,6 +80,7 @@ class Gateway(unittest.TestCase):
         self.dir = tempfile.mkdtemp(prefix="osr-gwl-")  # 0700: not traversable
         self.servers = []
         self.live = {}  # provider id -> state dir of the sandbox
+        self.roots = set()
 
     def serve(self):
         s = Serve(self.dir)
@@ -102,6 +103,11 @@ class Gateway(unittest.TestCase):
                          for i, d in enumerate(leaked) if os.path.dirname(d) == root]
                 p.communicate("\n".join(cmds + [json.dumps({"op": "exit", "tag": 99})]) + "\n", timeout=120)
         shutil.rmtree(self.dir, ignore_errors=True)
+        # The per-state-dir root under /run/osr is this test's alone (its data
+        # dir was new): remove it once empty of sandboxes.
+        for root in {os.path.dirname(d) for d in self.roots}:
+            if root.startswith("/run/osr/local-") and not glob.glob(os.path.join(root, "l*")):
+                shutil.rmtree(root, ignore_errors=True)
         self.assertEqual(leaked, [], "sandboxes leaked")
 
     def endpoint(self, sandbox_id):
@@ -124,6 +130,7 @@ class Gateway(unittest.TestCase):
         self.assertTrue(ep.startswith("unix:/"), ep)
         sock = ep[len("unix:"):]
         self.live[b["binding"]["providerId"]] = os.path.dirname(os.path.dirname(sock))
+        self.roots.add(self.live[b["binding"]["providerId"]])
         # The gateway gives the local agent no token (docs/dataplane.md, "The
         # agent's own token"): the socket itself is the boundary.
         sb = Sandbox({"provider_id": b["binding"]["providerId"], "agent_endpoint": ep}, "")
