@@ -35,7 +35,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 import services  # noqa: E402
 
-BACKEND = """worker_processes 1; daemon off; pid {d}/b.pid; error_log {d}/b.err warn;
+BACKEND = """user root; worker_processes 1; daemon off; pid {d}/b.pid; error_log {d}/b.err warn;
 events {{ worker_connections 4096; }}
 http {{ access_log off; sendfile on; keepalive_requests 1000000;
   client_body_temp_path {d}/b1; proxy_temp_path {d}/b2; fastcgi_temp_path {d}/b3;
@@ -43,7 +43,7 @@ http {{ access_log off; sendfile on; keepalive_requests 1000000;
   server {{ listen 127.0.0.1:{port}; root {d}/www;
     location = /hello {{ default_type text/plain; return 200 "hello world\\n"; }} }} }}
 """
-NGINX = """worker_processes 1; daemon off; pid {d}/n.pid; error_log {d}/n.err warn;
+NGINX = """user root; worker_processes 1; daemon off; pid {d}/n.pid; error_log {d}/n.err warn;
 events {{ worker_connections 4096; }}
 http {{ access_log off; keepalive_requests 1000000;
   client_body_temp_path {d}/n1; proxy_temp_path {d}/n2; fastcgi_temp_path {d}/n3;

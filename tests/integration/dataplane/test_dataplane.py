@@ -378,6 +378,24 @@ class Ports(Base):
         r, data = e.request("GET", "/sbx/%s/%d/" % (SID, dead), {"X-Access-Token": t2})
         self.assertEqual(r.status, 502, data)
 
+    def test_keepalive_client_and_pooled_upstreams(self):
+        # Several requests on one client connection, each reusing a pooled
+        # upstream (agent connection / tunnel). Needs the http1_client fix
+        # that resumes the parser after a released final chunk.
+        e = self.env
+        t = e.token(scopes="files,ports", ports=str(self.hport))
+        for path, want in (("/sbx/%s/%d/blob.bin" % (SID, self.hport), self.blob),
+                           ("/sbx/%s/%d/files?path=%s" % (SID, ENVD, os.path.join(self.www, "blob.bin")),
+                            self.blob)):
+            c = http.client.HTTPConnection("127.0.0.1", e.port, timeout=10)
+            for i in range(5):
+                with self.subTest(path=path, i=i):
+                    c.request("GET", path, headers={"X-Access-Token": t})
+                    r = c.getresponse()
+                    self.assertEqual(r.status, 200)
+                    self.assertEqual(r.read(), want)
+            c.close()
+
     def test_http2_client(self):
         if not osrtest.have("curl"):
             self.skipTest("curl")
