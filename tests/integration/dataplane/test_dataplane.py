@@ -91,9 +91,13 @@ class Env:
         if redis is not None:
             args += ["--redis", redis]
         self.dp = osrtest.Proc(args + list(extra))
-        ln = self.dp.wait_line("listening 127.0.0.1:0 ")
-        self.port = int(ln.split()[-1])
-        self.dp.wait_line("ready")
+        try:
+            ln = self.dp.wait_line("listening 127.0.0.1:0 ")
+            self.port = int(ln.split()[-1])
+            self.dp.wait_line("ready")
+        except Exception:
+            self.close()  # never leave the agent behind
+            raise
 
     def token(self, sid=SID, scopes="exec,files,ports", ports="all", ttl=300, kid="k1", ep=None,
               keys=None):
