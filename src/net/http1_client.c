@@ -77,6 +77,7 @@ struct h1client_s {
   int closing;             /* osr_http_client_close() was called */
   int reuse;               /* the last response allowed keep-alive */
   int processing;          /* in process_input (no recursion) */
+  int resume_parser;       /* a held chunk was released: run the parser even without new bytes */
   int timer_closing;
 };
 
@@ -327,8 +328,9 @@ static void process_input(h1client_t *c)
         break;
       continue;
     }
-    if (s->input.len == 0)
+    if (s->input.len == 0 && !c->resume_parser)
       break;
+    c->resume_parser = 0;
     size_t consumed = 0;
     int rc = osr__h1p_execute(&c->p, osr_buf_data(&s->input), s->input.len, &consumed);
     if (!sock_usable(c))
@@ -598,7 +600,12 @@ static void c_release(osr_http_creq_t *cr)
     return;
   osr_buf_consume(&c->sock->input, c->p.held_len);
   c->p.held_len = 0;
-  osr_sock_read_start(c->sock); /* the rest comes on the next loop turn */
+  /* The rest comes on the next loop turn. The parser is resumed even if no
+   * byte is left: a body that ended with the held chunk still owes its end
+   * (message complete), as on the server side (http1.c h1_release). */
+  c->resume_parser = 1;
+  osr_sock_read_start(c->sock);
+  osr_sock_kick(c->sock);
 }
 
 static void c_cancel(osr_http_creq_t *cr)
