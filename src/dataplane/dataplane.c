@@ -75,7 +75,7 @@ void osr__dp_error(osr_http_req_t *req, int status, const char *sid, const char 
   json_decref(j);
   if (s == NULL || osr_http_send(req, status, "application/json", s, strlen(s)) != 0)
     osr_http_abort(req);
-  free(s);
+  osr_json_free(s);
 }
 
 static void refuse(osr_dataplane_t *dp, osr_http_req_t *req, int status, const char *sid,
