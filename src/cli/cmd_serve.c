@@ -9,9 +9,60 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dataplane/dataplane.h"
 #include "gateway/gateway.h"
 #include "gateway/gw.h"
+#include "util/log.h"
 #include "util/mem.h"
+
+/* ---- the embedded data plane ---------------------------------------------
+ * `osr serve` is the whole product on one machine: the data plane runs in
+ * the same process and loop, verifying with the gateway's own keyring (no
+ * key files to poll) and revoking through the gateway's Redis channel.
+ * `osr-gateway` does not embed it: gateway deployments run osr-dataplane. */
+
+typedef struct serve_dp_s {
+  osr_dataplane_t *dp;
+  void (*done)(void *arg);
+  void *arg;
+} serve_dp_t;
+
+static int dp_start(void *data, uv_loop_t *loop, const osr_gw_config_t *gcfg,
+                    const osr_keyring_t *kr, const uint8_t *agent_secret)
+{
+  serve_dp_t *s = data;
+  osr_dataplane_config_t cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.listen[0] = gcfg->dataplane_listen != NULL ? gcfg->dataplane_listen : "127.0.0.1:7071";
+  cfg.nlisten = 1;
+  cfg.keyring = kr;
+  cfg.redis_url = gcfg->redis_url != NULL && gcfg->redis_url[0] != '\0' ? gcfg->redis_url : NULL;
+  cfg.agent_secret = agent_secret;
+  int rv = osr_dataplane_start(loop, &cfg, &s->dp);
+  if (rv != 0) {
+    s->dp = NULL;
+    return rv;
+  }
+  /* Tests and scripts parse this line (not "listening on": that is the API's). */
+  OSR_LOG_INFO("serve", "data plane serving %s (port %d)", cfg.listen[0],
+               osr_dataplane_port(s->dp, 0));
+  return 0;
+}
+
+static void dp_stopped(void *data)
+{
+  serve_dp_t *s = data;
+  s->dp = NULL;
+  s->done(s->arg);
+}
+
+static void dp_stop(void *data, uint64_t grace_ms, void (*done)(void *arg), void *arg)
+{
+  serve_dp_t *s = data;
+  s->done = done;
+  s->arg = arg;
+  osr_dataplane_stop(s->dp, grace_ms, dp_stopped, s);
+}
 
 int cli_cmd_serve(int argc, char **argv)
 {
@@ -36,7 +87,10 @@ int cli_cmd_serve(int argc, char **argv)
     }
   }
   if (!print) {
-    rv = osr_gateway_main(n, args, "osr serve");
+    serve_dp_t sdp;
+    memset(&sdp, 0, sizeof(sdp));
+    osr_gateway_embed_t embed = {dp_start, dp_stop, &sdp};
+    rv = osr_gateway_main_embed(n, args, "osr serve", &embed);
     osr_free(args);
     return rv;
   }

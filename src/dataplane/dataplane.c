@@ -9,6 +9,7 @@
  * ones connect while it is down. A refused request is answered here and no
  * byte of it reaches the sandbox.
  */
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -394,6 +395,10 @@ static void copy_config(osr_dataplane_t *dp, const osr_dataplane_config_t *cfg)
   dp->cfg.tls_key = dup_into(&w, cfg->tls_key);
   for (size_t i = 0; i < cfg->nlisten && i < OSR_DP_MAX_LISTEN; i++)
     dp->cfg.listen[i] = dup_into(&w, cfg->listen[i]);
+  if (cfg->agent_secret != NULL) {
+    memcpy(dp->agent_secret, cfg->agent_secret, sizeof(dp->agent_secret));
+    dp->cfg.agent_secret = dp->agent_secret;
+  }
   if (dp->cfg.keys_refresh_ms == 0)
     dp->cfg.keys_refresh_ms = 60000;
   if (dp->cfg.max_conns == 0)
@@ -416,6 +421,7 @@ static void dp_free(osr_dataplane_t *dp)
     osr_tls_ctx_unref(dp->client_tls);
   osr_keyring_free(dp->kr_owned);
   osr_revocations_free(dp->rev);
+  OPENSSL_cleanse(dp->agent_secret, sizeof(dp->agent_secret));
   osr_free(dp->strings);
   osr_free(dp);
 }

@@ -68,6 +68,11 @@ typedef struct osr_dataplane_config_s {
   size_t pool_idle_max;      /**< idle upstream connections kept per endpoint, default 32 */
   uint64_t upstream_idle_ms; /**< upstream silent this long fails, default 300000 */
   int64_t token_leeway_s;    /**< clock skew allowed on expiry, default 5 */
+  /** (Additive.) The agent secret, 32 bytes (copied): every upstream
+   *  request and tunnel handshake carries X-Access-Token: hex(HMAC-SHA256(
+   *  secret, sandbox id)) (token.h osr_agent_token), what the gateway
+   *  started the agent with. NULL = send none (agents running open). */
+  const uint8_t *agent_secret;
 } osr_dataplane_config_t;
 
 /**

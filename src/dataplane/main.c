@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "dataplane/dataplane.h"
+#include "token/token.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -21,7 +22,7 @@ static void usage(FILE *f)
   fprintf(f, "usage: osr-dataplane --listen ADDR [--listen ADDR]...\n"
              "                     (--keys-dir DIR | --keys-url URL) [--keys-refresh-ms N]\n"
              "                     [--redis URL] [--domain D] [--tls-cert F --tls-key F]\n"
-             "                     [--max-conns N] [--grace-ms N]\n"
+             "                     [--max-conns N] [--grace-ms N] [--agent-secret-file F]\n"
              "                     [--log-level trace|debug|info|warn|error|off] [--log-json]\n");
 }
 
@@ -63,6 +64,8 @@ int main(int argc, char **argv)
   osr_dataplane_config_t cfg;
   memset(&cfg, 0, sizeof(cfg));
   uint64_t v;
+  const char *secret_file = NULL;
+  uint8_t secret[OSR_AGENT_SECRET_LEN];
 
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i];
@@ -86,6 +89,8 @@ int main(int argc, char **argv)
         return 2;
       }
       cfg.listen[cfg.nlisten++] = a;
+    } else if (strcmp(o, "--agent-secret-file") == 0) {
+      secret_file = a;
     } else if (strcmp(o, "--keys-dir") == 0) {
       cfg.keys_dir = a;
     } else if (strcmp(o, "--keys-url") == 0) {
@@ -141,9 +146,33 @@ int main(int argc, char **argv)
     usage(stderr);
     return 2;
   }
+  /* The agent secret (docs/tokens.md): named, it must load; by default the
+   * gateway's <keys_dir>/agent.secret is used when it is there, and without
+   * one the agents must be running open. */
+  {
+    char path[4096], err[512];
+    int explicit_file = secret_file != NULL;
+    if (!explicit_file && cfg.keys_dir != NULL) {
+      snprintf(path, sizeof(path), "%s/%s", cfg.keys_dir, OSR_AGENT_SECRET_FILE);
+      secret_file = path;
+    }
+    if (secret_file != NULL) {
+      int rv = osr_agent_secret_load(secret_file, 0, secret, err, sizeof(err));
+      if (rv == 0) {
+        cfg.agent_secret = secret;
+      } else if (explicit_file || rv != OSR_ENOENT) {
+        fprintf(stderr, "osr-dataplane: agent secret: %s\n", err);
+        return 2;
+      } else {
+        OSR_LOG_WARN("dataplane", "no agent secret (%s): upstream requests carry no agent token",
+                     err);
+      }
+    }
+  }
   signal(SIGPIPE, SIG_IGN);
   uv_loop_t *loop = uv_default_loop();
   int rv = osr_dataplane_start(loop, &cfg, &g_dp);
+  memset(secret, 0, sizeof(secret)); /* copied by start */
   if (rv != 0) {
     uv_run(loop, UV_RUN_DEFAULT); /* let a partial start close itself */
     uv_loop_close(loop);

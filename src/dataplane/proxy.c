@@ -177,6 +177,7 @@ typedef struct tunnel_s {
   char *extra;
   size_t extra_len;
   uint16_t port;
+  char agent_tok[65]; /* for the agent's handshake check; "" = none */
 } tunnel_t;
 
 static void tun_on_read(osr_sock_t *s, int status);
@@ -272,11 +273,12 @@ static void tun_on_connected(osr_sock_t *s, int status, void *data)
   osr_sock_set_events(s, &tun_events, t);
   osr_sock_set_nodelay(s, 1);
   osr_sock_set_idle_timeout(s, DP_TUNNEL_TIMEOUT_MS);
-  char *head = osr_xmalloc(128);
-  int n = snprintf(head, 128,
+  char *head = osr_xmalloc(256);
+  int n = snprintf(head, 256,
                    "GET /_osr/ports/%u HTTP/1.1\r\nhost: localhost\r\nupgrade: osr-tcp\r\n"
-                   "connection: Upgrade\r\n\r\n",
-                   t->port);
+                   "connection: Upgrade\r\n%s%s%s\r\n",
+                   t->port, t->agent_tok[0] ? "x-access-token: " : "", t->agent_tok,
+                   t->agent_tok[0] ? "\r\n" : "");
   osr_iovec_t iov = osr_iov(head, (size_t)n);
   if (osr_sock_write(s, &iov, 1, free_written, head) != 0) {
     osr_free(head);
@@ -306,11 +308,15 @@ static void tun_on_connected(osr_sock_t *s, int status, void *data)
  * is sent right after the handshake request. cb fires exactly once: with
  * the raw socket (status 0, reading stopped, events to be set by the
  * callee) or an error (OSR_EHTTP with the agent's status, e.g. 502 when the
- * port is closed). Returns 0 or an error and cb never fires. */
-static int tunnel_open(osr_dataplane_t *dp, const char *addr, int tls, uint16_t port, char *extra,
-                       size_t extra_len, tunnel_cb cb, void *data)
+ * port is closed). `agent_tok` (may be NULL) authenticates the handshake to
+ * the agent; it is never sent through the tunnel to the port itself.
+ * Returns 0 or an error and cb never fires. */
+static int tunnel_open(osr_dataplane_t *dp, const char *addr, int tls, uint16_t port,
+                       const char *agent_tok, char *extra, size_t extra_len, tunnel_cb cb,
+                       void *data)
 {
   tunnel_t *t = osr_xcalloc(1, sizeof(*t));
+  snprintf(t->agent_tok, sizeof(t->agent_tok), "%s", agent_tok != NULL ? agent_tok : "");
   t->cb = cb;
   t->data = data;
   t->port = port;
@@ -339,7 +345,8 @@ struct dp_stream_s {
   uint16_t port;
   int tls;
   dp_tok_src_t tok_src;
-  int64_t req_cl; /* -1 chunked, 0 none, >0 exact */
+  char agent_tok[65]; /* the agent's token (osr_agent_token), "" = none */
+  int64_t req_cl;     /* -1 chunked, 0 none, >0 exact */
   int acquiring;
   int from_pool;
   int retried;
@@ -676,6 +683,13 @@ static int stream_issue(dp_stream_t *st)
       continue;
     h[k++] = req->headers[i];
   }
+  /* Only to the agent's own API: through a tunnel the request goes to the
+   * sandbox's application, which must never see the agent's token. */
+  if (st->port == OSR_DP_ENVD_PORT && st->agent_tok[0] != '\0') {
+    h[k].name = osr_iov("X-Access-Token", 14);
+    h[k].value = osr_iov(st->agent_tok, strlen(st->agent_tok));
+    k++;
+  }
   char method[32];
   snprintf(method, sizeof(method), "%.*s", (int)req->method.len, req->method.base);
   char *auth = NULL;
@@ -778,7 +792,8 @@ static void stream_acquire(dp_stream_t *st)
     o.limits.max_body = UINT64_MAX / 2; /* streamed: never buffered whole */
     rv = osr_http_client_connect(dp->loop, st->addr, &o, on_client_connected, st);
   } else {
-    rv = tunnel_open(dp, st->addr, st->tls, st->port, NULL, 0, on_tunnel_for_stream, st);
+    rv = tunnel_open(dp, st->addr, st->tls, st->port, st->agent_tok, NULL, 0, on_tunnel_for_stream,
+                     st);
   }
   if (rv != 0) {
     st->acquiring = 0;
@@ -1133,7 +1148,10 @@ static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char
   dp->nstreams++;
   req->data = u;
   req->on_done = upg_req_done;
-  int rv = tunnel_open(dp, addr, tls, port, head, hl, on_upg_tunnel, u);
+  char agent_tok[65] = "";
+  if (dp->cfg.agent_secret != NULL)
+    (void)osr_agent_token(dp->cfg.agent_secret, sid, agent_tok);
+  int rv = tunnel_open(dp, addr, tls, port, agent_tok, head, hl, on_upg_tunnel, u);
   if (rv != 0) {
     osr_free(head);
     req->on_done = NULL;
@@ -1165,6 +1183,8 @@ void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr,
   st->port = port;
   st->tls = tls;
   st->tok_src = tok_src;
+  if (dp->cfg.agent_secret != NULL)
+    (void)osr_agent_token(dp->cfg.agent_secret, sid, st->agent_tok);
   st->req_cl = !req->expect_body ? 0 : req->content_length >= 0 ? req->content_length : -1;
   if (st->req_cl == 0)
     st->req_body_sent = 1;

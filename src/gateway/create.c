@@ -498,6 +498,11 @@ static void call_provider(create_t *c)
   spec.timeout_s = c->req.timeout_s;
   spec.env = c->req.env;
   spec.metadata = c->req.metadata;
+  /* The agent checks this, the data plane derives and sends the same
+   * (docs/tokens.md); the client's binding token never reaches the agent. */
+  char agent_tok[65];
+  if (gw->has_agent_secret && osr_agent_token(gw->agent_secret, c->b.id, agent_tok) == 0)
+    spec.agent_token = agent_tok;
 
   int64_t left = c->deadline_ms - now;
   uint64_t budget = left < OSR_CREATE_ATTEMPT_MS ? (uint64_t)(left > 0 ? left : 1)

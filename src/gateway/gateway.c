@@ -58,6 +58,8 @@ typedef struct main_s {
   int stop_requested; /* signal or failure: stop when the running step ends */
   int stopping;
   int stop_step;
+  const osr_gateway_embed_t *embed; /* osr_gateway_main_embed; NULL = none */
+  int embed_running;                /* embed->start succeeded, stop not yet called */
 } main_t;
 
 static void stop_next(main_t *m);
@@ -237,6 +239,15 @@ static void stop_next(main_t *m)
       }
       break;
     case 1:
+      /* The embedded data plane drains after the API (no new creates hand
+       * out tokens for it) and before Redis and the store close. */
+      if (m->embed_running) {
+        m->embed_running = 0;
+        m->embed->stop(m->embed->data, m->cfg.drain_ms, stop_next_cb, m);
+        return;
+      }
+      break;
+    case 2:
       if (gw->reaper != NULL) {
         osr_reaper_t *r = gw->reaper;
         gw->reaper = NULL;
@@ -244,7 +255,7 @@ static void stop_next(main_t *m)
         return;
       }
       break;
-    case 2:
+    case 3:
       if (gw->providers != NULL) {
         osr_providers_t *p = gw->providers;
         gw->providers = NULL;
@@ -252,7 +263,7 @@ static void stop_next(main_t *m)
         return;
       }
       break;
-    case 3:
+    case 4:
       if (gw->redis != NULL) {
         osr_redis_t *r = gw->redis;
         gw->redis = NULL;
@@ -260,7 +271,7 @@ static void stop_next(main_t *m)
         return;
       }
       break;
-    case 4:
+    case 5:
       if (gw->store != NULL) {
         osr_store_t *st = gw->store;
         gw->store = NULL;
@@ -341,6 +352,19 @@ static void serve(main_t *m)
     OSR_LOG_INFO(MOD, "listening on %s (port %d, %s)", m->cfg.listen[i],
                  osr_http_server_port(gw->http, i), m->tls != NULL ? "https" : "http");
   }
+  /* After the API's "listening on" lines (scripts take the first one as the
+   * API's port), before "ready". */
+  if (m->embed != NULL && m->embed->start != NULL) {
+    int rv = m->embed->start(m->embed->data, gw->loop, &m->cfg, gw->keyring,
+                             gw->has_agent_secret ? gw->agent_secret : NULL);
+    if (rv != 0) {
+      fprintf(stderr, "%s: embedded data plane failed to start: %s\n", m->prog,
+              osr__gw_strerror(rv));
+      stop(m, 1);
+      return;
+    }
+    m->embed_running = 1;
+  }
   OSR_LOG_INFO(MOD, "osr %s ready (tls backend %s, store %s, %zu provider%s)", OSR_VERSION,
                OSR_TLS_BACKEND, osr_store_backend(gw->store), osr_providers_count(gw->providers),
                osr_providers_count(gw->providers) == 1 ? "" : "s");
@@ -408,6 +432,12 @@ static void on_store_open(osr_store_t *st, int status, void *data)
 
 int osr_gateway_main(int argc, char **argv, const char *prog)
 {
+  return osr_gateway_main_embed(argc, argv, prog, NULL);
+}
+
+int osr_gateway_main_embed(int argc, char **argv, const char *prog,
+                           const osr_gateway_embed_t *embed)
+{
   char err[512];
   main_t *m;
   int rv;
@@ -420,6 +450,7 @@ int osr_gateway_main(int argc, char **argv, const char *prog)
 
   m = osr_xcalloc(1, sizeof(*m));
   m->prog = prog;
+  m->embed = embed;
   rv = osr_gw_config_load(&m->cfg, argc, argv, err, sizeof(err));
   if (rv == 1) {
     osr_gw_config_usage(stdout, prog);
@@ -457,6 +488,21 @@ int osr_gateway_main(int argc, char **argv, const char *prog)
     osr_gw_config_dispose(&m->cfg);
     osr_free(m);
     return 1;
+  }
+  /* The agent secret next to the signing keys (created on first start):
+   * sandboxes' agents check tokens derived from it (docs/tokens.md). */
+  {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", m->cfg.token_keys_dir, OSR_AGENT_SECRET_FILE);
+    rv = osr_agent_secret_load(path, 1, gw->agent_secret, err, sizeof(err));
+    if (rv != 0) {
+      fprintf(stderr, "%s: agent secret: %s\n", prog, err);
+      osr_gw_keyring_close(gw);
+      osr_gw_config_dispose(&m->cfg);
+      osr_free(m);
+      return 1;
+    }
+    gw->has_agent_secret = 1;
   }
   if (m->cfg.tls_cert != NULL) {
     static const char *const alpn[] = {"h2", "http/1.1"};
@@ -511,6 +557,7 @@ int osr_gateway_main(int argc, char **argv, const char *prog)
   osr_gw_api_dispose(gw);
   osr_metrics_free(gw->metrics);
   osr_gw_keyring_close(gw);
+  OPENSSL_cleanse(gw->agent_secret, sizeof(gw->agent_secret));
   osr_gw_config_dispose(&m->cfg);
   int code = m->exit_code;
   osr_free(m);

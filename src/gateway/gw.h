@@ -103,6 +103,10 @@ typedef struct osr_gw_s {
   osr_http_server_t *http;
   osr_gw_api_t *api;             /**< API module state (osr_gw_api_init) */
   osr_keyring_t *keyring;        /**< token signing keys (osr_gw_keyring_open); NULL = none */
+  /** (Additive.) The agent secret (<token_keys_dir>/agent.secret, token.h
+   *  osr_agent_token): every create passes the derived agent token. */
+  uint8_t agent_secret[32];
+  int has_agent_secret;
   char admin_key_hash[65];       /**< SHA-256 hex of the admin key */
   int64_t started_ms;
   int draining;

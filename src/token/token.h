@@ -164,4 +164,27 @@ int osr_revocations_contains(osr_revocations_t *r, const char *sandbox_id, int64
 size_t osr_revocations_count(const osr_revocations_t *r);
 uint64_t osr_revocations_evicted(const osr_revocations_t *r);
 
+/* ---- agent tokens (docs/tokens.md "The agent's token") ----------------------
+ * The token osr-agent checks (X-Access-Token) is not the client's binding
+ * token: it is hex(HMAC-SHA256(agent_secret, sandbox_id)), derived by the
+ * gateway (spec->agent_token at create) and by every data plane (added
+ * upstream) from one 32-byte secret they share, so no per-sandbox secret is
+ * stored or distributed and a client never learns it. */
+
+#define OSR_AGENT_SECRET_LEN 32
+/* The file name next to the signing keys (<keys_dir>/agent.secret). */
+#define OSR_AGENT_SECRET_FILE "agent.secret"
+
+/** (Additive.) The agent token of `sandbox_id`: 64 lower-case hex chars +
+ *  NUL in `out`. Returns 0 or OSR_EINVAL (empty id). */
+int osr_agent_token(const uint8_t secret[OSR_AGENT_SECRET_LEN], const char *sandbox_id,
+                    char out[65]);
+
+/** (Additive.) Read the agent secret from `path` (64 hex digits; blocking:
+ *  call at start-up). With `create` set and no file there, generate one
+ *  (mode 0600, parent directories 0700). Returns 0 or an error described
+ *  in `err` (OSR_ENOENT / -ENOENT when absent and !create). */
+int osr_agent_secret_load(const char *path, int create, uint8_t secret[OSR_AGENT_SECRET_LEN],
+                          char *err, size_t errlen);
+
 #endif

@@ -61,8 +61,11 @@ class Serve:
             e["OSR_PROVIDERS"] = "sim"
         if env:
             e.update(env)
-        self.proc = osrtest.Proc([CLI, "serve", "--listen", "127.0.0.1:0", "--log-level", "info"] + list(args),
-                                 env=e)
+        # The embedded data plane on port 0: servers running at once (here
+        # or in another suite) must not fight over 7071.
+        dpl = [] if "--dataplane-listen" in args else ["--dataplane-listen", "127.0.0.1:0"]
+        self.proc = osrtest.Proc([CLI, "serve", "--listen", "127.0.0.1:0", "--log-level", "info"] + dpl
+                                 + list(args), env=e)
         self.port = self._wait_port()
         self.url = "http://127.0.0.1:%d" % self.port
 
@@ -232,7 +235,7 @@ class Config(unittest.TestCase):
         finally:
             s.close()
         # Without the flag, the environment wins over the file.
-        args = [CLI, "serve", "--config", f, "--log-level", "info"]
+        args = [CLI, "serve", "--config", f, "--log-level", "info", "--dataplane-listen", "127.0.0.1:0"]
         p = osrtest.Proc(args, env=clean_env(OSR_DATA_DIR=d, OSR_LISTEN="127.0.0.1:%d" % pe))
         try:
             end = time.time() + 30

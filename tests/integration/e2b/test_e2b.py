@@ -29,7 +29,9 @@ class Serve:
         self.dir = tempfile.mkdtemp(prefix="osr-e2b-")
         e = {"OSR_PROVIDERS": "sim", "OSR_ADMIN_KEY": ADMIN}
         e.update(env or {})
-        argv = [CLI, "serve", "--listen", "127.0.0.1:0", "--data-dir", self.dir]
+        # The embedded data plane on port 0: never two servers on 7071.
+        argv = [CLI, "serve", "--listen", "127.0.0.1:0", "--dataplane-listen", "127.0.0.1:0",
+                "--data-dir", self.dir]
         if cfg is not None:
             path = os.path.join(self.dir, "osr.yaml")
             with open(path, "w") as f:

@@ -29,7 +29,8 @@ def data_env():
 
 
 def start(*args, exe=None):
-    argv = [exe or CLI] + (["serve"] if exe is None else []) + list(args)
+    # `osr serve` embeds the data plane: port 0, never two servers on 7071.
+    argv = [exe or CLI] + (["serve", "--dataplane-listen", "127.0.0.1:0"] if exe is None else []) + list(args)
     p = osrtest.Proc(argv, env=data_env())
     return p
 

@@ -8,6 +8,8 @@ The data directory is a fresh mkdtemp (mode 0700), so this also covers the
 state directory fallback for sandbox uids that cannot traverse it
 (docs/local-provider.md, "State directory")."""
 import glob
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -35,8 +37,9 @@ class Serve:
         env = {"OSR_DATA_DIR": data_dir, "OSR_PROVIDERS": "local", "OSR_ADMIN_KEY": ADMIN}
         for k in ("OSR_LISTEN", "OSR_STORE", "OSR_REDIS", "OSR_CONFIG"):
             os.environ.pop(k, None)
-        self.proc = osrtest.Proc([CLI, "serve", "--listen", "127.0.0.1:0", "--log-level", "info"],
-                                 env=env)
+        # The embedded data plane on port 0: never two servers on 7071.
+        self.proc = osrtest.Proc([CLI, "serve", "--listen", "127.0.0.1:0", "--dataplane-listen",
+                                  "127.0.0.1:0", "--log-level", "info"], env=env)
         end = time.time() + 60
         while time.time() < end:
             m = re.search(r"listening on \S+ \(port (\d+)", self.proc.stderr_text())
@@ -120,6 +123,11 @@ class Gateway(unittest.TestCase):
         self.assertIsNotNone(row)
         return row[0]
 
+    def agent_token(self, sandbox_id):
+        with open(os.path.join(self.dir, "keys", "agent.secret")) as f:
+            secret = bytes.fromhex(f.read().strip())
+        return hmac.new(secret, sandbox_id.encode(), hashlib.sha256).hexdigest()
+
     def create(self, s, floor):
         st, b = s.req("POST", "/v1/sandboxes", {"capabilities": {"isolation": floor},
                                                 "env": {"GREETING": "hello " + floor},
@@ -131,9 +139,10 @@ class Gateway(unittest.TestCase):
         sock = ep[len("unix:"):]
         self.live[b["binding"]["providerId"]] = os.path.dirname(os.path.dirname(sock))
         self.roots.add(self.live[b["binding"]["providerId"]])
-        # The gateway gives the local agent no token (docs/dataplane.md, "The
-        # agent's own token"): the socket itself is the boundary.
-        sb = Sandbox({"provider_id": b["binding"]["providerId"], "agent_endpoint": ep}, "")
+        # The agent checks hex(HMAC-SHA256(agent secret, sandbox id))
+        # (docs/tokens.md, "The agent's token"), as the data plane sends it.
+        sb = Sandbox({"provider_id": b["binding"]["providerId"], "agent_endpoint": ep},
+                     self.agent_token(b["id"]))
         return b, sb
 
     def test_api_exec_kill_restart(self):
