@@ -89,7 +89,8 @@ class Create(unittest.TestCase):
                 self.assertEqual((rc, out["allows"]), (0, 0), out)
                 rc, out = chk.check(s["token"], "--allows", s["id"], "ports", 12345)
                 self.assertEqual(rc, 0, out)
-                rc, out = chk.check(s["token"], "--allows", "x" + s["id"][1:], "exec", 0)
+                other = ("y" if s["id"][0] == "x" else "x") + s["id"][1:]  # never the same id
+                rc, out = chk.check(s["token"], "--allows", other, "exec", 0)
                 self.assertEqual((rc, out["allowsError"]), (1, "token is for another sandbox"))
                 # Expired once past exp; a changed character is refused.
                 rc, out = chk.check(s["token"], "--now", c["exp"])
