@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-if [[ ! -f build-release/build.ninja ]]; then
-  meson setup build-release --buildtype=release >/dev/null
+if [[ ! -f build-serve/build.ninja ]]; then
+  meson setup build-serve --buildtype=release -Dtests=false >/dev/null
 fi
-ninja -C build-release >/dev/null
-exec build-release/src/osr serve "$@"
+ninja -C build-serve src/osr src/osr-agent >/dev/null
+exec build-serve/src/osr serve "$@"
