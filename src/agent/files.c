@@ -27,6 +27,7 @@
 #include "agent/multipart.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #if defined(OSR_TLS_BORINGSSL) || defined(OSR_TLS_OPENSSL)
 #include <openssl/sha.h>
@@ -36,17 +37,6 @@
 #define MAX_UPLOAD_FILES 1000
 
 /* ---- query parameters ---------------------------------------------------------------- */
-
-static int hexval(char c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
 
 /* Decoded value of query parameter `name` into out; 1 if present. */
 static int query_param(const osr_http_req_t *req, const char *name, char *out, size_t outsz)
@@ -60,8 +50,8 @@ static int query_param(const osr_http_req_t *req, const char *name, char *out, s
       const char *v = q + nl < pe ? q + nl + 1 : pe;
       size_t o = 0;
       for (; v < pe && o + 1 < outsz; v++) {
-        if (*v == '%' && pe - v >= 3 && hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
-          out[o++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
+        if (*v == '%' && pe - v >= 3 && osr_hexval(v[1]) >= 0 && osr_hexval(v[2]) >= 0) {
+          out[o++] = (char)(osr_hexval(v[1]) * 16 + osr_hexval(v[2]));
           v += 2;
         } else {
           out[o++] = *v == '+' ? ' ' : *v;

@@ -38,6 +38,7 @@
 #include "util/buf.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 /* AUTH_E2B: a tenant key (Bearer or X-API-KEY) on an E2B route, whose
  * answers are reshaped into E2B's bodies (api_e2b.c). */
@@ -351,17 +352,6 @@ void osr_gw_rfc3339(int64_t ms, char out[32])
   snprintf(out, 32, "%.19s.%03dZ", date, (int)(ms % 1000));
 }
 
-static int hexval(char c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 int osr_gw_query(const osr_gw_call_t *call, const char *name, char *out, size_t outlen)
 {
   if (call->req == NULL || outlen == 0)
@@ -379,8 +369,8 @@ int osr_gw_query(const osr_gw_call_t *call, const char *name, char *out, size_t 
       for (const char *v = eq != NULL ? eq + 1 : pe; v < pe; v++) {
         int c = (unsigned char)*v;
         if (c == '%') {
-          int hi = v + 2 < pe ? hexval(v[1]) : -1;
-          int lo = v + 2 < pe ? hexval(v[2]) : -1;
+          int hi = v + 2 < pe ? osr_hexval(v[1]) : -1;
+          int lo = v + 2 < pe ? osr_hexval(v[2]) : -1;
           if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
             return OSR_ETOOLARGE;
           c = hi * 16 + lo;

@@ -37,6 +37,7 @@
 #include "gateway/sandboxes.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "e2b"
 
@@ -791,52 +792,14 @@ typedef struct list_s {
   size_t nmeta;
 } list_t;
 
-static int hexval(int c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
-/* Percent-decode [s, s+n) with '+' as a space (URLSearchParams encodes
- * spaces so) into out. Returns the length, or -1 if malformed, holding a
- * NUL, or longer than outlen - 1. */
-static int pct_decode(const char *s, size_t n, char *out, size_t outlen)
-{
-  size_t o = 0;
-  for (size_t i = 0; i < n; i++) {
-    int c = (unsigned char)s[i];
-    if (c == '%') {
-      if (i + 2 >= n)
-        return -1;
-      int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
-      if (h < 0 || l < 0)
-        return -1;
-      c = h * 16 + l;
-      i += 2;
-    } else if (c == '+') {
-      c = ' ';
-    }
-    if (c == 0 || o + 1 >= outlen)
-      return -1;
-    out[o++] = (char)c;
-  }
-  out[o] = '\0';
-  return (int)o;
-}
-
 /* A key or value of the metadata filter: the JS SDK encodes each with
  * encodeURIComponent, then joins them with URLSearchParams (which encodes
  * again), so each piece is decoded twice. */
 static int decode2(const char *s, size_t n, char *out, size_t outlen)
 {
   char once[OSR_SBX_VALUE_MAX + 1];
-  int m = pct_decode(s, n, once, sizeof(once));
-  return m < 0 ? -1 : pct_decode(once, (size_t)m, out, outlen);
+  int m = osr_pct_decode(s, n, once, sizeof(once));
+  return m < 0 ? -1 : osr_pct_decode(once, (size_t)m, out, outlen);
 }
 
 /* metadata=<k=v&k2=v2>: the query value (encoded once more by the HTTP
@@ -846,7 +809,7 @@ static int decode2(const char *s, size_t n, char *out, size_t outlen)
 static int parse_metadata(list_t *l, const char *v, size_t vn)
 {
   char inner[4096];
-  int in = pct_decode(v, vn, inner, sizeof(inner));
+  int in = osr_pct_decode(v, vn, inner, sizeof(inner));
   if (in < 0)
     return -1;
   size_t a = 0;
@@ -876,7 +839,7 @@ static int parse_metadata(list_t *l, const char *v, size_t vn)
 static int parse_state(const char *v, size_t vn, unsigned *mask)
 {
   char buf[128];
-  if (pct_decode(v, vn, buf, sizeof(buf)) < 0)
+  if (osr_pct_decode(v, vn, buf, sizeof(buf)) < 0)
     return -1;
   char *save = NULL;
   for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
@@ -956,13 +919,13 @@ void osr_gw_e2b_list(osr_gw_call_t *call)
     } else if (KEY_IS("limit")) {
       char buf[16];
       char *end = NULL;
-      long lim = pct_decode(v, vn, buf, sizeof(buf)) > 0 ? strtol(buf, &end, 10) : 0;
+      long lim = osr_pct_decode(v, vn, buf, sizeof(buf)) > 0 ? strtol(buf, &end, 10) : 0;
       if (end == NULL || *end != '\0' || lim < 1)
         bad = "limit: a positive integer";
       else
         q.limit = lim > 1000 ? 1000 : (size_t)lim;
     } else if (KEY_IS("nextToken")) {
-      if (pct_decode(v, vn, l->cursor, sizeof(l->cursor)) < 0)
+      if (osr_pct_decode(v, vn, l->cursor, sizeof(l->cursor)) < 0)
         bad = "nextToken: not a token from a previous page";
       else if (l->cursor[0] != '\0')
         q.cursor = l->cursor;

@@ -22,6 +22,7 @@
 #include "gateway/sandboxes.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "api"
 
@@ -714,48 +715,12 @@ typedef struct list_s {
   size_t nmeta;
 } list_t;
 
-static int hexval(int c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  c = tolower(c);
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  return -1;
-}
-
-/* Percent-decode [s, s+n) ('+' is a space, as in forms) into out. Returns
- * the length or -1 if malformed or too long. */
-static int pct_decode(const char *s, size_t n, char *out, size_t outlen)
-{
-  size_t o = 0;
-  for (size_t i = 0; i < n; i++) {
-    int c = (unsigned char)s[i];
-    if (c == '%') {
-      if (i + 2 >= n)
-        return -1;
-      int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
-      if (h < 0 || l < 0)
-        return -1;
-      c = h * 16 + l;
-      i += 2;
-    } else if (c == '+') {
-      c = ' ';
-    }
-    if (c == 0 || o + 1 >= outlen)
-      return -1;
-    out[o++] = (char)c;
-  }
-  out[o] = '\0';
-  return (int)o;
-}
-
 static int add_meta(list_t *l, const char *k, size_t kn, const char *v, size_t vn)
 {
   if (l->nmeta >= LIST_META_MAX)
     return -1;
-  if (pct_decode(k, kn, l->mk[l->nmeta], sizeof(l->mk[0])) <= 0 ||
-      pct_decode(v, vn, l->mv[l->nmeta], sizeof(l->mv[0])) < 0)
+  if (osr_pct_decode(k, kn, l->mk[l->nmeta], sizeof(l->mk[0])) <= 0 ||
+      osr_pct_decode(v, vn, l->mv[l->nmeta], sizeof(l->mv[0])) < 0)
     return -1;
   l->nmeta++;
   return 0;
@@ -782,7 +747,7 @@ static int parse_meta_filters(const osr_gw_call_t *call, list_t *l)
       /* One level of decoding gives "k=v&k2=v2"; each piece is decoded
        * again, as E2B's SDKs encode keys and values before joining. */
       char inner[4096];
-      int in = pct_decode(eq + 1, n - kn - 1, inner, sizeof(inner));
+      int in = osr_pct_decode(eq + 1, n - kn - 1, inner, sizeof(inner));
       if (in < 0)
         return -1;
       size_t a = 0;

@@ -44,6 +44,7 @@
 #include "store/store.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/fsutil.h"
 
 #define MOD "gateway"
 
@@ -65,31 +66,6 @@ typedef struct main_s {
 static void stop_next(main_t *m);
 
 /* ---- small start-up helpers (blocking is fine: the loop is not running) -- */
-
-/* mkdir -p with mode 0700 for what we create; existing directories keep
- * their mode (the operator chose it). */
-static int make_dirs(const char *dir)
-{
-  char path[4096];
-  if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path))
-    return OSR_E2BIG;
-  for (char *p = path + 1; *p != '\0'; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(path, 0700) != 0 && errno != EEXIST)
-      return -errno;
-    *p = '/';
-  }
-  if (mkdir(path, 0700) != 0 && errno != EEXIST)
-    return -errno;
-  struct stat st;
-  if (stat(path, &st) != 0)
-    return -errno;
-  if (!S_ISDIR(st.st_mode))
-    return OSR_EINVAL;
-  return 0;
-}
 
 /* Read a key file: first line, surrounding whitespace trimmed. Returns the
  * length, 0 if empty, or a negative error. */
@@ -468,7 +444,7 @@ int osr_gateway_main_embed(int argc, char **argv, const char *prog,
   gw->cfg = &m->cfg;
   gw->started_ms = osr_now_ms();
 
-  rv = make_dirs(m->cfg.data_dir);
+  rv = osr_mkdir_p(m->cfg.data_dir, 0700);
   if (rv != 0) {
     fprintf(stderr, "%s: data directory %s: %s\n", prog, m->cfg.data_dir, osr__gw_strerror(rv));
     osr_gw_config_dispose(&m->cfg);

@@ -37,6 +37,7 @@
 #include "net/http.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "osr-sim"
 #define MAX_BODY (1u << 20)
@@ -216,38 +217,6 @@ static int path_is(const osr_http_req_t *req, const char *p)
   return req->path.len == n && memcmp(req->path.base, p, n) == 0;
 }
 
-static int hexval(char c)
-{
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                      : c >= 'A' && c <= 'F'   ? c - 'A' + 10
-                                                               : -1;
-}
-
-/* Percent-decode [s, s+n) into out (NUL-terminated); -1 if too long/bad. */
-static int pct_decode(const char *s, size_t n, char *out, size_t outlen)
-{
-  size_t o = 0;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    if (c == '%') {
-      if (i + 2 >= n)
-        return -1;
-      int h = hexval(s[i + 1]), l = hexval(s[i + 2]);
-      if (h < 0 || l < 0)
-        return -1;
-      c = (char)(h * 16 + l);
-      i += 2;
-    } else if (c == '+') {
-      c = ' ';
-    }
-    if (o + 1 >= outlen)
-      return -1;
-    out[o++] = c;
-  }
-  out[o] = '\0';
-  return 0;
-}
-
 /* ---- routes ----------------------------------------------------------------- */
 
 typedef struct create_ctx_s {
@@ -419,7 +388,7 @@ static void route_list(osr_http_req_t *req)
     while (j < qn && q[j] != '&')
       j++;
     if (j - i > 6 && memcmp(q + i, "label=", 6) == 0) {
-      if (pct_decode(q + i + 6, j - i - 6, label, sizeof(label)) != 0) {
+      if (osr_pct_decode(q + i + 6, j - i - 6, label, sizeof(label)) < 0) {
         send_error(req, 400, "invalid", "bad label parameter");
         return;
       }
@@ -490,8 +459,8 @@ static void on_request(osr_http_req_t *req, void *data)
     }
   } else if (req->path.len > sizeof(pfx) - 1 && memcmp(req->path.base, pfx, sizeof(pfx) - 1) == 0) {
     char id[128];
-    if (pct_decode(req->path.base + sizeof(pfx) - 1, req->path.len - (sizeof(pfx) - 1), id,
-                   sizeof(id)) != 0 ||
+    if (osr_pct_decode(req->path.base + sizeof(pfx) - 1, req->path.len - (sizeof(pfx) - 1), id,
+                       sizeof(id)) < 0 ||
         strchr(id, '/') != NULL) {
       send_error(req, 404, "not_found", "no such resource");
       return;

@@ -25,6 +25,8 @@
 #include "token/token_int.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
+#include "util/fsutil.h"
 
 #define MOD "token"
 
@@ -46,23 +48,12 @@ void osr__hex(const uint8_t *p, size_t n, char *out)
   out[2 * n] = '\0';
 }
 
-static int hexval(char c)
-{
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 int osr__unhex(const char *s, size_t slen, uint8_t *out, size_t n)
 {
   if (slen != 2 * n)
     return -1;
   for (size_t i = 0; i < n; i++) {
-    int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+    int hi = osr_hexval(s[2 * i]), lo = osr_hexval(s[2 * i + 1]);
     if (hi < 0 || lo < 0)
       return -1;
     out[i] = (uint8_t)(hi << 4 | lo);
@@ -320,25 +311,6 @@ out:
 
 /* ---- the key directory ---------------------------------------------------- */
 
-/* mkdir -p, mode 0700 for what we create (keys are secrets). */
-static int make_dirs(const char *dir)
-{
-  char path[4096];
-  if (snprintf(path, sizeof(path), "%s", dir) >= (int)sizeof(path))
-    return OSR_E2BIG;
-  for (char *p = path + 1; *p != '\0'; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(path, 0700) != 0 && errno != EEXIST)
-      return -errno;
-    *p = '/';
-  }
-  if (mkdir(path, 0700) != 0 && errno != EEXIST)
-    return -errno;
-  return 0;
-}
-
 /* First line of a small file, surrounding whitespace trimmed. Returns its
  * length or a negative error (OSR_ETOOLARGE past KEY_FILE_MAX). Symbolic
  * links are followed: Kubernetes mounts Secrets and ConfigMaps as links
@@ -558,7 +530,7 @@ int osr_keyring_load_dir(osr_keyring_t *kr, const char *dir, int create, char *e
     return OSR_EINVAL;
   }
   if (create) {
-    int rv = make_dirs(dir);
+    int rv = osr_mkdir_p(dir, 0700);
     if (rv != 0) {
       snprintf(err, errlen, "%s: %s", dir, osr_strerror(rv));
       return rv;

@@ -1,0 +1,21 @@
+/*
+ * Small text helpers shared by every parser of URLs, query strings and hex:
+ * pure, bounded, no allocation.
+ */
+#ifndef OSR_UTIL_TEXT_H
+#define OSR_UTIL_TEXT_H
+
+#include <stddef.h>
+
+/** Value of one hex digit (either case), or -1. */
+int osr_hexval(int c);
+
+/**
+ * Percent-decode [s, s+n) into out as a form value ('+' is a space) and
+ * NUL-terminate it. Returns the decoded length, or -1 if a %-escape is
+ * malformed, the result would hold a NUL byte, or it does not fit in
+ * outlen - 1 bytes.
+ */
+int osr_pct_decode(const char *s, size_t n, char *out, size_t outlen);
+
+#endif
