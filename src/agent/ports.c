@@ -6,12 +6,8 @@
  *      127.0.0.1:{port} inside the sandbox.
  *
  * The upstream is connected first, so a closed port answers 502 instead of
- * a 101 followed by a dead stream. Then each direction forwards straight
- * from the source socket's input buffer (zero-copy, STYLE 16): the source
- * stops reading while its bytes are being written and resumes from the
- * write callback, so each direction holds at most one input buffer
- * (STYLE 14). A half-close is propagated with shutdown(); the pair closes
- * when both directions ended or either failed.
+ * a 101 followed by a dead stream. Then net/splice.c relays the bytes both
+ * ways (zero-copy, backpressure, half-close).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,30 +16,14 @@
 
 #include "agent/agent.h"
 #include "net/connect.h"
+#include "net/splice.h"
 #include "util/log.h"
 #include "util/mem.h"
 
-typedef struct fwd_s fwd_t;
-
-typedef struct side_s {
-  fwd_t *f;
-  osr_sock_t *s;
-  size_t inflight; /* bytes of s->input being written to the peer */
-  int eof;         /* s read EOF */
-  int shut;        /* the peer's write side was shut down */
-} side_t;
-
-struct fwd_s {
-  osr_http_req_t *req;
-  osr_connect_t *conn;
-  side_t c, u; /* client (upgraded HTTP socket), upstream */
-  int open_socks;
-  int dead;
-};
-
-static void side_on_read(osr_sock_t *s, int status);
-static void side_on_close(osr_sock_t *s);
-static const osr_sock_events_t side_events = {side_on_read, side_on_close, NULL, NULL};
+typedef struct fwd_s {
+  osr_http_req_t *req;   /* NULL once the exchange is over */
+  osr_connect_t *conn;   /* the upstream connect in flight */
+} fwd_t;
 
 static void noop_read(osr_sock_t *s, int status)
 {
@@ -56,109 +36,10 @@ static void noop_close(osr_sock_t *s)
 }
 static const osr_sock_events_t noop_events = {noop_read, noop_close, NULL, NULL};
 
-static side_t *peer_of(side_t *sd)
+static void on_splice_closed(osr_splice_t *sp, void *data)
 {
-  return sd == &sd->f->c ? &sd->f->u : &sd->f->c;
-}
-
-static void fwd_kill(fwd_t *f)
-{
-  f->dead = 1;
-  if (f->c.s != NULL)
-    osr_sock_close(f->c.s);
-  if (f->u.s != NULL)
-    osr_sock_close(f->u.s);
-}
-
-static void side_on_close(osr_sock_t *s)
-{
-  side_t *sd = s->data;
-  fwd_t *f = sd->f;
-  sd->s = NULL;
-  fwd_kill(f);
-  if (--f->open_socks == 0)
-    osr_free(f);
-}
-
-static void on_shut(osr_sock_t *s, int status, void *arg)
-{
-  side_t *sd = arg; /* the side whose EOF we propagated */
-  (void)s;
-  if (status != 0) {
-    fwd_kill(sd->f);
-    return;
-  }
-  side_t *pd = peer_of(sd);
-  /* Both directions over: done. */
-  if (sd->shut && pd->shut)
-    fwd_kill(sd->f);
-}
-
-static void propagate_eof(side_t *sd)
-{
-  side_t *pd = peer_of(sd);
-  if (sd->shut || pd->s == NULL)
-    return;
-  sd->shut = 1;
-  if (osr_sock_shutdown(pd->s, on_shut, sd) != 0)
-    fwd_kill(sd->f);
-}
-
-static void on_forwarded(osr_sock_t *dst, int status, void *arg)
-{
-  side_t *sd = arg;
-  (void)dst;
-  if (status != 0 || sd->s == NULL) {
-    fwd_kill(sd->f);
-    return;
-  }
-  osr_buf_consume(&sd->s->input, sd->inflight);
-  sd->inflight = 0;
-  if (sd->eof && sd->s->input.len == 0)
-    propagate_eof(sd);
-  else
-    osr_sock_read_start(sd->s); /* delivers what is left, then new bytes */
-}
-
-static void side_on_read(osr_sock_t *s, int status)
-{
-  side_t *sd = s->data;
-  side_t *pd = peer_of(sd);
-  if (sd->f->dead)
-    return;
-  if (status < 0 && status != OSR_EOF) {
-    fwd_kill(sd->f);
-    return;
-  }
-  if (status == OSR_EOF)
-    sd->eof = 1;
-  if (sd->inflight == 0 && s->input.len > 0 && pd->s != NULL) {
-    osr_iovec_t iov = osr_iov(osr_buf_data(&s->input), s->input.len);
-    sd->inflight = iov.len;
-    osr_sock_read_stop(s);
-    if (osr_sock_write(pd->s, &iov, 1, on_forwarded, sd) != 0) {
-      sd->inflight = 0;
-      fwd_kill(sd->f);
-    }
-    return;
-  }
-  if (sd->eof && sd->inflight == 0)
-    propagate_eof(sd);
-}
-
-static void on_upgraded(osr_sock_t *s, int status, void *arg)
-{
-  fwd_t *f = arg;
-  if (status != 0) {
-    osr_sock_close(f->u.s);
-    return;
-  }
-  f->c.s = s;
-  f->open_socks++;
-  osr_sock_set_events(s, &side_events, &f->c);
-  osr_sock_set_idle_timeout(s, 0);
-  osr_sock_read_start(s); /* bytes sent right after the request are delivered too */
-  osr_sock_read_start(f->u.s);
+  (void)sp;
+  (void)data;
 }
 
 static void fwd_req_done(osr_http_req_t *req, int status)
@@ -193,21 +74,20 @@ static void on_connected(osr_sock_t *s, int status, void *data)
     osr_free(f);
     return;
   }
-  f->u.s = s;
-  f->open_socks = 1;
-  osr_sock_set_events(s, &side_events, &f->u);
-  osr_sock_set_idle_timeout(s, 0);
   osr_sock_set_nodelay(s, 1);
+  /* From here the splice owns the upstream socket, and the client socket
+   * once the upgrade hands it over. */
+  osr_splice_t *sp = osr_splice_new(s, on_splice_closed, NULL);
   osr_http_header_t h[2] = {
       {OSR_IOV_LIT("upgrade"), OSR_IOV_LIT("osr-tcp")},
       {OSR_IOV_LIT("connection"), OSR_IOV_LIT("Upgrade")},
   };
   osr_http_req_t *req = f->req;
-  req->on_done = NULL; /* from here the socket pair owns f */
-  f->req = NULL;
-  if (osr_http_upgrade(req, h, 2, on_upgraded, f) != 0) {
+  req->on_done = NULL;
+  osr_free(f);
+  if (osr_http_upgrade(req, h, 2, osr_splice_attach, sp) != 0) {
     osr__agent_send_http_error(req, 500, "upgrade failed");
-    osr_sock_close(s);
+    osr_splice_attach(NULL, OSR_ECANCELED, sp);
   }
 }
 
@@ -239,7 +119,6 @@ void osr__agent_port_forward(agent_t *a, osr_http_req_t *req)
   }
   fwd_t *f = osr_xcalloc(1, sizeof(*f));
   f->req = req;
-  f->c.f = f->u.f = f;
   req->data = f;
   req->on_done = fwd_req_done;
   char addr[32];

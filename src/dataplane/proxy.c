@@ -40,6 +40,7 @@
 #include <strings.h>
 
 #include "dataplane/dp_int.h"
+#include "net/splice.h"
 #include "net/addr.h"
 #include "net/connect.h"
 #include "util/log.h"
@@ -805,169 +806,48 @@ static void stream_acquire(dp_stream_t *st)
 /* ========================================================================== */
 /* Upgrades: one tunnel per request, then splice                               */
 
-typedef struct sside_s {
-  dp_splice_t *sp;
-  osr_sock_t *s;
-  size_t inflight; /* bytes of s->input being written to the other side */
-  int eof;
-  int shut; /* the other side's write half was shut down */
-} sside_t;
-
+/* Upgraded tunnels are relayed by net/splice.c; the data plane only keeps
+ * a list of them so a stop can close them all. */
 struct dp_splice_s {
   osr_dataplane_t *dp;
   dp_splice_t *prev, *next;
-  sside_t c, u; /* client, upstream (tunnel) */
-  int refs;     /* open sockets + a pending upgrade */
-  int dead;
+  osr_splice_t *sp;
 };
 
-static void sp_on_read(osr_sock_t *s, int status);
-static void sp_on_close(osr_sock_t *s);
-static const osr_sock_events_t sp_events = {sp_on_read, sp_on_close, NULL, NULL};
-
-static sside_t *sp_peer(sside_t *sd)
+static void on_splice_closed(osr_splice_t *sp, void *data)
 {
-  return sd == &sd->sp->c ? &sd->sp->u : &sd->sp->c;
-}
-
-static void sp_kill(dp_splice_t *sp)
-{
-  sp->dead = 1;
-  if (sp->c.s != NULL)
-    osr_sock_close(sp->c.s);
-  if (sp->u.s != NULL)
-    osr_sock_close(sp->u.s);
-}
-
-static void sp_unref(dp_splice_t *sp)
-{
-  if (--sp->refs > 0)
-    return;
-  osr_dataplane_t *dp = sp->dp;
-  if (sp->prev != NULL)
-    sp->prev->next = sp->next;
+  dp_splice_t *w = data;
+  osr_dataplane_t *dp = w->dp;
+  (void)sp;
+  if (w->prev != NULL)
+    w->prev->next = w->next;
   else
-    dp->splices = sp->next;
-  if (sp->next != NULL)
-    sp->next->prev = sp->prev;
-  osr_free(sp);
+    dp->splices = w->next;
+  if (w->next != NULL)
+    w->next->prev = w->prev;
+  osr_free(w);
   dp->nsplices--;
   if (dp->stopping)
     osr__dp_maybe_finish(dp);
 }
 
-static void sp_on_close(osr_sock_t *s)
-{
-  sside_t *sd = s->data;
-  dp_splice_t *sp = sd->sp;
-  sd->s = NULL;
-  sp_kill(sp);
-  sp_unref(sp);
-}
-
-static void sp_on_shut(osr_sock_t *s, int status, void *arg)
-{
-  sside_t *sd = arg;
-  (void)s;
-  if (status != 0 || (sd->shut && sp_peer(sd)->shut))
-    sp_kill(sd->sp);
-}
-
-static void sp_propagate_eof(sside_t *sd)
-{
-  sside_t *pd = sp_peer(sd);
-  if (sd->shut || pd->s == NULL)
-    return;
-  sd->shut = 1;
-  if (osr_sock_shutdown(pd->s, sp_on_shut, sd) != 0)
-    sp_kill(sd->sp);
-}
-
-static void sp_on_written(osr_sock_t *dst, int status, void *arg)
-{
-  sside_t *sd = arg;
-  (void)dst;
-  if (status != 0 || sd->s == NULL) {
-    sp_kill(sd->sp);
-    return;
-  }
-  osr_buf_consume(&sd->s->input, sd->inflight);
-  sd->inflight = 0;
-  if (sd->eof && sd->s->input.len == 0)
-    sp_propagate_eof(sd);
-  else
-    osr_sock_read_start(sd->s); /* what is left, then new bytes */
-}
-
-static void sp_on_read(osr_sock_t *s, int status)
-{
-  sside_t *sd = s->data;
-  sside_t *pd = sp_peer(sd);
-  if (sd->sp->dead)
-    return;
-  if (status < 0 && status != OSR_EOF) {
-    sp_kill(sd->sp);
-    return;
-  }
-  if (status == OSR_EOF)
-    sd->eof = 1;
-  if (sd->inflight == 0 && s->input.len > 0 && pd->s != NULL) {
-    /* Zero copy: the write points into s->input, which does not move while
-     * reading is stopped; consumed in sp_on_written. */
-    osr_iovec_t iov = osr_iov(osr_buf_data(&s->input), s->input.len);
-    sd->inflight = iov.len;
-    osr_sock_read_stop(s);
-    if (osr_sock_write(pd->s, &iov, 1, sp_on_written, sd) != 0) {
-      sd->inflight = 0;
-      sp_kill(sd->sp);
-    }
-    return;
-  }
-  if (sd->eof && sd->inflight == 0)
-    sp_propagate_eof(sd);
-}
-
 void osr__dp_splices_close(osr_dataplane_t *dp)
 {
-  for (dp_splice_t *sp = dp->splices; sp != NULL; sp = sp->next)
-    sp_kill(sp);
+  for (dp_splice_t *w = dp->splices; w != NULL; w = w->next)
+    osr_splice_close(w->sp);
 }
 
 static dp_splice_t *splice_new(osr_dataplane_t *dp, osr_sock_t *upstream)
 {
-  dp_splice_t *sp = osr_xcalloc(1, sizeof(*sp));
-  sp->dp = dp;
-  sp->c.sp = sp->u.sp = sp;
-  sp->u.s = upstream;
-  sp->refs = 2; /* the upstream socket + the pending client upgrade */
-  sp->next = dp->splices;
+  dp_splice_t *w = osr_xcalloc(1, sizeof(*w));
+  w->dp = dp;
+  w->next = dp->splices;
   if (dp->splices != NULL)
-    dp->splices->prev = sp;
-  dp->splices = sp;
+    dp->splices->prev = w;
+  dp->splices = w;
   dp->nsplices++;
-  osr_sock_set_events(upstream, &sp_events, &sp->u);
-  return sp;
-}
-
-static void sp_on_upgraded(osr_sock_t *s, int status, void *arg)
-{
-  dp_splice_t *sp = arg;
-  if (status != 0 || s == NULL) {
-    sp_kill(sp);
-    sp_unref(sp); /* the pending upgrade's reference */
-    return;
-  }
-  /* The pending upgrade's reference becomes the client socket's. */
-  sp->c.s = s;
-  osr_sock_set_events(s, &sp_events, &sp->c);
-  osr_sock_set_idle_timeout(s, 0);
-  if (sp->dead) {
-    osr_sock_close(s);
-    return;
-  }
-  osr_sock_read_start(s); /* bytes the client sent after its request too */
-  if (sp->u.s != NULL)
-    osr_sock_read_start(sp->u.s);
+  w->sp = osr_splice_new(upstream, on_splice_closed, w);
+  return w;
 }
 
 typedef struct dp_upg_s {
@@ -1070,14 +950,14 @@ static void on_upg_head_read(osr_sock_t *s, int status)
   dp_splice_t *sp = splice_new(u->dp, s);
   req->on_done = NULL;
   u->req = NULL;
-  int rv = osr_http_upgrade(req, h, n, sp_on_upgraded, sp); /* copies h */
+  osr_splice_t *relay = sp->sp; /* sp may be freed once the relay closes */
+  int rv = osr_http_upgrade(req, h, n, osr_splice_attach, relay); /* copies h */
   osr_buf_consume(&s->input, (size_t)(e - p));              /* after the copy: h pointed into it */
   u->dp->n_forwarded++;
   upg_free(u);
   if (rv != 0) {
     osr__dp_error(req, 502, NULL, "upgrade failed");
-    sp_kill(sp);
-    sp_unref(sp);
+    osr_splice_attach(NULL, OSR_ECANCELED, relay);
   }
 }
 
