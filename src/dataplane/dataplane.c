@@ -17,6 +17,7 @@
 
 #include "cache/redis.h"
 #include "dataplane/dp_int.h"
+#include "dataplane/exec.h"
 #include "net/addr.h"
 #include "net/tls.h"
 #include "util/log.h"
@@ -90,16 +91,6 @@ static void refuse(osr_dataplane_t *dp, osr_http_req_t *req, int status, const c
 
 /* ---- requests ---------------------------------------------------------------- */
 
-static int is_exec_console(const osr_http_req_t *req)
-{
-  /* /sbx/<id>/exec: the v5.channel.k8s.io WebSocket console (not yet). */
-  if (req->path.len < 10 || memcmp(req->path.base, "/sbx/", 5) != 0)
-    return 0;
-  const char *s = memchr(req->path.base + 5, '/', req->path.len - 5);
-  return s != NULL && (size_t)(req->path.base + req->path.len - s) == 5 &&
-         memcmp(s, "/exec", 5) == 0;
-}
-
 static void on_request(osr_http_req_t *req, void *data)
 {
   osr_dataplane_t *dp = data;
@@ -108,12 +99,14 @@ static void on_request(osr_http_req_t *req, void *data)
     osr__dp_error(req, 503, NULL, "the data plane is shutting down");
     return;
   }
-  if (is_exec_console(req)) {
-    osr__dp_error(req, 501, NULL, "the WebSocket exec console is not implemented yet");
-    return;
-  }
   dp_route_t rt;
-  int rv = osr__dp_route(req, dp->cfg.domain, &rt);
+  /* The exec console (exec.c) has its own paths; it needs scope exec. */
+  int rv = osr__dp_exec_route(req, &rt);
+  int exec = rv == 1;
+  if (rv == 0)
+    rv = osr__dp_route(req, dp->cfg.domain, &rt);
+  else if (exec)
+    rv = 0;
   if (rv == OSR_ENOENT) {
     refuse(dp, req, 400, NULL,
            "no sandbox named: send E2b-Sandbox-Id and E2b-Sandbox-Port, use the host "
@@ -124,8 +117,8 @@ static void on_request(osr_http_req_t *req, void *data)
     refuse(dp, req, 400, NULL, "malformed sandbox id or port");
     return;
   }
-  unsigned scope = 0;
-  if (osr__dp_scope(rt.port, rt.path, &scope) != 0) {
+  unsigned scope = OSR_SCOPE_EXEC;
+  if (!exec && osr__dp_scope(rt.port, rt.path, &scope) != 0) {
     refuse(dp, req, 403, rt.sandbox_id, "this path is not reachable through the data plane");
     return;
   }
@@ -162,6 +155,10 @@ static void on_request(osr_http_req_t *req, void *data)
       osr__dp_endpoint(c.agent_endpoint, addr, sizeof(addr), &tls) != 0 ||
       (tls && dp->client_tls == NULL)) {
     refuse(dp, req, 502, rt.sandbox_id, "The sandbox was not found");
+    return;
+  }
+  if (exec) {
+    osr__dp_exec(dp, req, addr, tls, rt.sandbox_id);
     return;
   }
   char target[16384];
@@ -577,8 +574,10 @@ static void on_server_closed(osr_http_server_t *srv, void *data)
   (void)srv;
   /* Past the grace period: tunnels spliced after an upgrade are not HTTP
    * exchanges the server tracks, so close them now. */
-  if (--dp->srv_open == 0)
+  if (--dp->srv_open == 0) {
     osr__dp_splices_close(dp);
+    osr__dp_execs_close(dp);
+  }
   dp->closing_handles--;
   osr__dp_maybe_finish(dp);
 }

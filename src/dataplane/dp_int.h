@@ -93,6 +93,7 @@ struct osr_dataplane_s {
   /* upstream connection pools by endpoint (proxy.c) */
   dp_pool_t *pools[DP_POOL_BUCKETS];
   dp_splice_t *splices; /* live spliced tunnels (for stop) */
+  struct dp_exec_s *execs; /* live exec console sessions (exec.c, for stop) */
   size_t nstreams;
   size_t nsplices;
   /* counters (logged at stop; tests read the log) */

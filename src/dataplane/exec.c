@@ -1,0 +1,1244 @@
+/*
+ * Exec console: Kubernetes channel WebSocket <-> the agent's envd process
+ * API (see exec.h for the shape, docs/dataplane.md for the contract).
+ *
+ * Why translate instead of tunnelling: the agent speaks Connect (JSON
+ * envelopes with base64 output), browsers and Kubernetes clients speak the
+ * channel protocol. The data plane is where the token was checked, so it is
+ * also where the session is translated; the agent stays the one
+ * implementation of processes, rings and resume.
+ *
+ * Lifetime of a session (dp_exec_t): it lives until every one of these is
+ * over, whichever comes last frees it (exec_maybe_free):
+ *   ws           the WebSocket (its on_close always fires once after accept);
+ *   sc / cc      the stream and control upstream clients (closed by us);
+ *   screq/ccreq  their requests, until the final on_body (which a client
+ *                close delivers later, with OSR_ECANCELED);
+ *   connecting   pending connect callbacks (sc_connecting, cc_connecting);
+ *   writing      outstanding request-body write callbacks.
+ * `busy` guards code that can re-enter through synchronous callbacks
+ * (closing a client fails its requests from inside the close call).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <jansson.h>
+
+#include "agent/connect.h"
+#include "dataplane/exec.h"
+#include "net/addr.h"
+#include "net/ws.h"
+#include "token/token.h"
+#include "util/log.h"
+#include "util/mem.h"
+#include "util/text.h"
+
+#define MOD OSR_DP_MOD
+
+#define DP_EXEC_MAX_ARGS    256
+#define DP_EXEC_MAX_QUERY   65536
+#define DP_EXEC_MAX_MESSAGE (1024 * 1024) /* one client message */
+#define DP_EXEC_WS_QUEUE    (512 * 1024)  /* output queued towards the client */
+#define DP_EXEC_STDIN_MAX   (4 * 1024 * 1024)
+#define DP_EXEC_STDIN_HIGH  (256 * 1024) /* stop reading the client above */
+#define DP_EXEC_STDIN_LOW   (64 * 1024)  /* resume below */
+#define DP_EXEC_INPUT_CHUNK (64 * 1024)  /* raw bytes per SendInput */
+#define DP_EXEC_FRAME_MAX   (256 * 1024) /* Connect frame from the agent */
+#define DP_EXEC_ERRBODY_MAX 4096
+#define DP_EXEC_CONNECT_MS  10000
+
+typedef struct dp_exec_s dp_exec_t;
+
+struct dp_exec_s {
+  osr_dataplane_t *dp;
+  dp_exec_t *prev, *next; /* dp->execs */
+  osr_ws_t *ws;           /* NULL once on_close fired */
+  int v5;                 /* v5.channel.k8s.io: channel 255 */
+  int want_stdin, want_stdout, want_stderr, tty, want_info;
+  char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
+  int tls;
+  char agent_tok[65];
+  char sid[OSR_DP_SID_MAX];
+  /* the output stream: process.Process/Start or /Connect */
+  char *start_body; /* envelope, freed with the session */
+  size_t start_len;
+  const char *start_method; /* "Start" or "Connect" */
+  osr_http_client_t *sc;
+  osr_http_creq_t *screq;
+  int sc_connecting, sc_writing;
+  int sc_status; /* HTTP status of the stream response, 0 = none yet */
+  osr_buf_t errbody;
+  osr_cx_parser_t cx;
+  const char *in; /* unparsed rest of the held upstream chunk */
+  size_t in_len;
+  int holding;
+  osr_buf_t out; /* one WebSocket message: channel byte + payload */
+  int out_pending;
+  int64_t pid; /* -1 until the start event */
+  uint64_t offset; /* output bytes seen (absolute, the agent's numbering) */
+  int ended;       /* the status is decided: no more output */
+  int status_sent; /* decided (status_msg or queued) */
+  int status_queued;
+  char *status_msg; /* decided but waiting behind queued output */
+  char *stream_err; /* end-of-stream error message */
+  char stream_code[32];
+  /* control calls */
+  osr_http_client_t *cc;
+  osr_http_creq_t *ccreq;
+  int cc_connecting, cc_writing, cc_reused;
+  osr_buf_t op_body; /* body of the call being sent (kept for one retry) */
+  const char *op_method;
+  int op_ready;  /* op_body holds a call not yet answered */
+  int op_status; /* HTTP status of the current call */
+  int op_retried;
+  osr_buf_t stdin_buf;
+  int stdin_close_req, stdin_closed;
+  int resize_pending;
+  unsigned cols, rows;
+  int reading_paused;
+  /* lifetime */
+  int finishing;
+  int closing_ws;
+  int busy;
+};
+
+static void exec_maybe_free(dp_exec_t *e);
+static void exec_finish(dp_exec_t *e);
+static void pump(dp_exec_t *e);
+static void ops_kick(dp_exec_t *e);
+static void send_failure(dp_exec_t *e, int code, const char *reason, const char *msg);
+
+/* ========================================================================== */
+/* Routing                                                                     */
+
+static int sid_ok(const char *p, size_t n)
+{
+  if (n == 0 || n >= OSR_DP_SID_MAX)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = p[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          c == '-' || c == '_'))
+      return 0;
+  }
+  return 1;
+}
+
+/* Split path into at most 8 segments (between '/'). Returns the count, or
+ * -1 for more. */
+static int segments(osr_iovec_t p, osr_iovec_t *seg, int max)
+{
+  int n = 0;
+  size_t i = 0;
+  if (p.len == 0 || p.base[0] != '/')
+    return -1;
+  i = 1;
+  while (i <= p.len) {
+    size_t j = i;
+    while (j < p.len && p.base[j] != '/')
+      j++;
+    if (n == max)
+      return -1;
+    seg[n++] = osr_iov(p.base + i, j - i);
+    i = j + 1;
+  }
+  return n;
+}
+
+static int seg_is(osr_iovec_t s, const char *lit)
+{
+  size_t n = strlen(lit);
+  return s.len == n && memcmp(s.base, lit, n) == 0;
+}
+
+int osr__dp_exec_route(const osr_http_req_t *req, dp_route_t *rt)
+{
+  osr_iovec_t seg[8];
+  osr_iovec_t id;
+  int n = segments(req->path, seg, 8);
+  if (n == 4 && seg_is(seg[0], "v1") && seg_is(seg[1], "sandboxes") && seg_is(seg[3], "exec"))
+    id = seg[2];
+  else if (n == 7 && seg_is(seg[0], "api") && seg_is(seg[1], "v1") &&
+           seg_is(seg[2], "namespaces") && seg[3].len > 0 && seg_is(seg[4], "pods") &&
+           seg_is(seg[6], "exec"))
+    id = seg[5];
+  else if (n == 3 && seg_is(seg[0], "sbx") && seg_is(seg[2], "exec"))
+    id = seg[1];
+  else
+    return 0;
+  if (!sid_ok(id.base, id.len))
+    return OSR_EINVAL;
+  memset(rt, 0, sizeof(*rt));
+  rt->via = DP_VIA_PATH;
+  memcpy(rt->sandbox_id, id.base, id.len);
+  rt->sandbox_id[id.len] = '\0';
+  rt->port = OSR_DP_ENVD_PORT;
+  rt->path = req->path;
+  rt->query = req->query;
+  return 1;
+}
+
+/* ========================================================================== */
+/* Query                                                                       */
+
+typedef struct exec_query_s {
+  json_t *argv; /* array of strings */
+  json_t *envs; /* object */
+  char *cwd, *tag;
+  int64_t pid; /* -1 none */
+  int have_offset;
+  uint64_t offset;
+  int in, out, err, tty, info;
+} exec_query_t;
+
+static int parse_bool(const char *v, int *out)
+{
+  if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0 || strcmp(v, "") == 0)
+    *out = 1;
+  else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0)
+    *out = 0;
+  else
+    return -1;
+  return 0;
+}
+
+static int parse_u64(const char *v, uint64_t *out)
+{
+  uint64_t x = 0;
+  if (*v == '\0' || strlen(v) > 19)
+    return -1;
+  for (; *v; v++) {
+    if (*v < '0' || *v > '9')
+      return -1;
+    x = x * 10 + (uint64_t)(*v - '0');
+  }
+  *out = x;
+  return 0;
+}
+
+static void query_dispose(exec_query_t *q)
+{
+  json_decref(q->argv);
+  json_decref(q->envs);
+  osr_free(q->cwd);
+  osr_free(q->tag);
+}
+
+/* Kubernetes' PodExecOptions plus OSR's extensions. Returns NULL or why the
+ * query is refused (400). Values are percent-decoded ('+' is a space, as
+ * application/x-www-form-urlencoded). */
+static const char *parse_query(osr_iovec_t q, exec_query_t *o)
+{
+  memset(o, 0, sizeof(*o));
+  o->argv = json_array();
+  o->envs = json_object();
+  o->pid = -1;
+  o->out = o->err = 1;
+  if (q.len > DP_EXEC_MAX_QUERY)
+    return "query too long";
+  size_t i = 0;
+  char *buf = osr_xmalloc(q.len + 1);
+  char *key = osr_xmalloc(q.len + 1);
+  const char *why = NULL;
+  while (i < q.len && why == NULL) {
+    size_t j = i;
+    while (j < q.len && q.base[j] != '&')
+      j++;
+    const char *p = q.base + i;
+    size_t n = j - i;
+    i = j + 1;
+    if (n == 0)
+      continue;
+    const char *eq = memchr(p, '=', n);
+    size_t kn = eq != NULL ? (size_t)(eq - p) : n;
+    const char *vp = eq != NULL ? eq + 1 : p + n;
+    size_t vn = eq != NULL ? n - kn - 1 : 0;
+    /* '+' means space in forms: replace before decoding (in a copy). */
+    memcpy(buf, vp, vn);
+    for (size_t k = 0; k < vn; k++)
+      if (buf[k] == '+')
+        buf[k] = ' ';
+    char *val = osr_xmalloc(vn + 1);
+    int vl = osr_pct_decode(buf, vn, val, vn + 1);
+    int kl = osr_pct_decode(p, kn, key, q.len + 1);
+    if (vl < 0 || kl < 0 || memchr(val, '\0', (size_t)vl) != NULL) {
+      osr_free(val);
+      why = "malformed query";
+      break;
+    }
+    val[vl] = '\0';
+    key[kl] = '\0';
+    int b = 0;
+    if (strcmp(key, "command") == 0) {
+      if (json_array_size(o->argv) >= DP_EXEC_MAX_ARGS)
+        why = "too many command arguments";
+      else
+        json_array_append_new(o->argv, json_stringn(val, (size_t)vl));
+      if (json_array_size(o->argv) > 0 && json_string_value(json_array_get(o->argv,
+                                              json_array_size(o->argv) - 1)) == NULL)
+        why = "command is not valid UTF-8";
+    } else if (strcmp(key, "stdin") == 0) {
+      why = parse_bool(val, &b) == 0 ? NULL : "stdin must be true or false";
+      o->in = b;
+    } else if (strcmp(key, "stdout") == 0) {
+      why = parse_bool(val, &b) == 0 ? NULL : "stdout must be true or false";
+      o->out = b;
+    } else if (strcmp(key, "stderr") == 0) {
+      why = parse_bool(val, &b) == 0 ? NULL : "stderr must be true or false";
+      o->err = b;
+    } else if (strcmp(key, "tty") == 0) {
+      why = parse_bool(val, &b) == 0 ? NULL : "tty must be true or false";
+      o->tty = b;
+    } else if (strcmp(key, "osrInfo") == 0) {
+      why = parse_bool(val, &b) == 0 ? NULL : "osrInfo must be true or false";
+      o->info = b;
+    } else if (strcmp(key, "pid") == 0) {
+      uint64_t x;
+      if (parse_u64(val, &x) != 0 || x == 0 || x > INT32_MAX)
+        why = "pid must be a positive integer";
+      else
+        o->pid = (int64_t)x;
+    } else if (strcmp(key, "offset") == 0) {
+      if (parse_u64(val, &o->offset) != 0)
+        why = "offset must be an unsigned integer";
+      o->have_offset = 1;
+    } else if (strcmp(key, "tag") == 0) {
+      osr_free(o->tag);
+      o->tag = osr_xstrdup(val);
+    } else if (strcmp(key, "cwd") == 0) {
+      osr_free(o->cwd);
+      o->cwd = osr_xstrdup(val);
+    } else if (strcmp(key, "env") == 0) {
+      char *e = strchr(val, '=');
+      if (e == NULL || e == val)
+        why = "env must be NAME=VALUE";
+      else {
+        *e = '\0';
+        json_t *s = json_string(e + 1);
+        if (s == NULL || json_object_size(o->envs) >= DP_EXEC_MAX_ARGS)
+          why = "bad env";
+        else
+          json_object_set(o->envs, val, s);
+        json_decref(s);
+      }
+    }
+    /* container, access_token and anything else: ignored (one container). */
+    osr_free(val);
+  }
+  osr_free(buf);
+  osr_free(key);
+  if (why != NULL)
+    return why;
+  int attach = o->pid > 0 || (o->tag != NULL && json_array_size(o->argv) == 0);
+  if (!attach && json_array_size(o->argv) == 0)
+    return "command is required (command=<argv0>&command=<argv1>...), or pid/tag to re-attach";
+  if (attach && json_array_size(o->argv) > 0 && o->pid > 0)
+    return "give either command or pid, not both";
+  if (!attach && o->have_offset)
+    return "offset needs pid or tag (re-attach)";
+  if (!o->in && !o->out && !o->err)
+    return "you must specify at least one of stdin, stdout, stderr";
+  return NULL;
+}
+
+/* The Start or Connect request message, in a Connect envelope. */
+static char *build_start(const exec_query_t *q, size_t *len, const char **method)
+{
+  json_t *j;
+  int attach = q->pid > 0 || (q->tag != NULL && json_array_size(q->argv) == 0);
+  if (attach) {
+    *method = "Connect";
+    json_t *sel = q->pid > 0 ? json_pack("{s:I}", "pid", (json_int_t)q->pid)
+                             : json_pack("{s:s}", "tag", q->tag);
+    j = json_pack("{s:o}", "process", sel);
+    if (q->have_offset) {
+      char num[32];
+      snprintf(num, sizeof(num), "%llu", (unsigned long long)q->offset);
+      json_object_set_new(j, "outputOffset", json_string(num));
+    }
+  } else {
+    *method = "Start";
+    json_t *args = json_array();
+    for (size_t i = 1; i < json_array_size(q->argv); i++)
+      json_array_append(args, json_array_get(q->argv, i));
+    json_t *proc = json_pack("{s:O,s:o,s:O}", "cmd", json_array_get(q->argv, 0), "args", args,
+                             "envs", q->envs);
+    if (q->cwd != NULL)
+      json_object_set_new(proc, "cwd", json_string(q->cwd));
+    j = json_pack("{s:o,s:b}", "process", proc, "stdin", q->in);
+    if (q->tty)
+      json_object_set_new(j, "pty", json_pack("{s:{s:i,s:i}}", "size", "cols", 80, "rows", 24));
+    if (q->tag != NULL)
+      json_object_set_new(j, "tag", json_string(q->tag));
+  }
+  char *s = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  if (s == NULL)
+    return NULL;
+  size_t n = strlen(s);
+  char *env = osr_xmalloc(OSR_CX_HEADER_LEN + n);
+  osr_cx_frame_header((uint8_t *)env, 0, (uint32_t)n);
+  memcpy(env + OSR_CX_HEADER_LEN, s, n);
+  osr_json_free(s);
+  *len = OSR_CX_HEADER_LEN + n;
+  return env;
+}
+
+/* ========================================================================== */
+/* Lifetime                                                                    */
+
+/* Free a session that never went live (not linked, nothing pending). */
+static void exec_discard(dp_exec_t *e)
+{
+  osr_cx_parser_dispose(&e->cx);
+  osr_buf_dispose(&e->out);
+  osr_buf_dispose(&e->errbody);
+  osr_buf_dispose(&e->op_body);
+  osr_buf_dispose(&e->stdin_buf);
+  osr_free(e->start_body);
+  osr_free(e);
+}
+
+static void exec_maybe_free(dp_exec_t *e)
+{
+  if (e->busy || e->ws != NULL || e->sc != NULL || e->cc != NULL || e->screq != NULL ||
+      e->ccreq != NULL || e->sc_connecting || e->cc_connecting || e->sc_writing || e->cc_writing)
+    return;
+  osr_dataplane_t *dp = e->dp;
+  if (e->prev != NULL)
+    e->prev->next = e->next;
+  else
+    dp->execs = e->next;
+  if (e->next != NULL)
+    e->next->prev = e->prev;
+  osr_cx_parser_dispose(&e->cx);
+  osr_buf_dispose(&e->out);
+  osr_buf_dispose(&e->errbody);
+  osr_buf_dispose(&e->op_body);
+  osr_buf_dispose(&e->stdin_buf);
+  osr_free(e->start_body);
+  osr_free(e->stream_err);
+  osr_free(e->status_msg);
+  osr_free(e);
+  dp->nstreams--;
+  if (dp->stopping)
+    osr__dp_maybe_finish(dp);
+}
+
+static void close_sc(dp_exec_t *e)
+{
+  osr_http_client_t *c = e->sc;
+  if (c == NULL)
+    return;
+  e->sc = NULL;
+  e->holding = 0;
+  e->in_len = 0;
+  osr_http_client_close(c); /* a live stream request fails with ECANCELED */
+}
+
+static void close_cc(dp_exec_t *e)
+{
+  osr_http_client_t *c = e->cc;
+  if (c == NULL)
+    return;
+  e->cc = NULL;
+  osr_http_client_close(c);
+}
+
+/* Everything towards the agent stops; the process keeps running (a closed
+ * stream never stops it, docs/agent.md), so a client can re-attach. */
+static void exec_finish(dp_exec_t *e)
+{
+  e->busy++;
+  e->finishing = 1;
+  close_sc(e);
+  close_cc(e);
+  e->busy--;
+  exec_maybe_free(e);
+}
+
+/* Close the WebSocket once everything queued before went out (ws.h: a close
+ * never overtakes queued messages). */
+static void close_ws(dp_exec_t *e, int code, const char *why)
+{
+  if (e->ws == NULL || e->closing_ws)
+    return;
+  e->closing_ws = 1;
+  osr_ws_close(e->ws, code, why);
+}
+
+/* ========================================================================== */
+/* Output: Connect frames -> channel messages                                  */
+
+/* Send e->out; on a full queue keep it for on_writable. Returns 0 when sent
+ * (or dropped because the socket is gone), OSR_EAGAIN when kept. */
+static int out_flush(dp_exec_t *e)
+{
+  if (!e->out_pending)
+    return 0;
+  if (e->ws == NULL || e->closing_ws) {
+    e->out_pending = 0;
+    e->out.len = 0;
+    return 0;
+  }
+  int rv = osr_ws_send(e->ws, e->out_pending == 2 ? OSR_WS_TEXT : OSR_WS_BINARY,
+                       osr_buf_data(&e->out), e->out.len);
+  if (rv == OSR_EAGAIN)
+    return OSR_EAGAIN;
+  if (rv != 0)
+    OSR_LOG_DEBUG(MOD, "exec %s: send to client: %s", e->sid, osr_strerror(rv));
+  e->out_pending = 0;
+  e->out.len = 0;
+  return 0;
+}
+
+/* Queue the status message (channel 3) behind any output already queued,
+ * and the close behind it. */
+static void status_kick(dp_exec_t *e)
+{
+  if (e->status_msg == NULL || e->out_pending)
+    return;
+  e->out.len = 0;
+  if (osr_buf_append(&e->out, "\3", 1) == 0 &&
+      osr_buf_append(&e->out, e->status_msg, strlen(e->status_msg)) == 0)
+    e->out_pending = 1;
+  osr_free(e->status_msg);
+  e->status_msg = NULL;
+  e->status_queued = 1;
+  if (out_flush(e) == 0)
+    close_ws(e, 1000, NULL);
+  /* else ws_on_writable sends it and closes */
+}
+
+static void send_status_json(dp_exec_t *e, json_t *st)
+{
+  if (e->status_sent) {
+    json_decref(st);
+    return;
+  }
+  e->status_sent = 1;
+  e->ended = 1;
+  char *s = st != NULL ? json_dumps(st, JSON_COMPACT) : NULL;
+  json_decref(st);
+  e->status_msg = osr_xstrdup(s != NULL ? s : "{\"metadata\":{},\"status\":\"Failure\"}");
+  osr_json_free(s);
+  status_kick(e);
+}
+
+static void send_failure(dp_exec_t *e, int code, const char *reason, const char *msg)
+{
+  json_t *st = json_pack("{s:{},s:s,s:s,s:s,s:i}", "metadata", "status", "Failure", "message",
+                         msg, "reason", reason, "code", code);
+  send_status_json(e, st);
+}
+
+/* Go's signal names (what the agent puts in "status") to numbers, for the
+ * 128+n exit code shells and Kubernetes report for a signalled process. */
+static int signal_number(const char *status)
+{
+  static const struct {
+    const char *name;
+    int num;
+  } tab[] = {{"hangup", 1},           {"interrupt", 2},     {"quit", 3},
+             {"illegal instruction", 4}, {"trace/breakpoint trap", 5},
+             {"aborted", 6},          {"bus error", 7},     {"floating point exception", 8},
+             {"killed", 9},           {"user defined signal 1", 10},
+             {"segmentation fault", 11}, {"user defined signal 2", 12},
+             {"broken pipe", 13},     {"alarm clock", 14},  {"terminated", 15}};
+  if (status == NULL || strncmp(status, "signal: ", 8) != 0)
+    return 0;
+  for (size_t i = 0; i < OSR_ARRAY_SIZE(tab); i++)
+    if (strcmp(status + 8, tab[i].name) == 0)
+      return tab[i].num;
+  return 0;
+}
+
+static void on_end_event(dp_exec_t *e, json_t *end)
+{
+  json_int_t code = json_integer_value(json_object_get(end, "exitCode"));
+  const char *status = json_string_value(json_object_get(end, "status"));
+  if (code < 0) {
+    int sig = signal_number(status);
+    code = sig > 0 ? 128 + sig : 255;
+  }
+  if (code == 0) {
+    send_status_json(e, json_pack("{s:{},s:s}", "metadata", "status", "Success"));
+    return;
+  }
+  char num[24], msg[256];
+  snprintf(num, sizeof(num), "%lld", (long long)code);
+  snprintf(msg, sizeof(msg), "command terminated with non-zero exit code: %s",
+           status != NULL ? status : num);
+  json_t *st = json_pack("{s:{},s:s,s:s,s:s,s:{s:[{s:s,s:s}]}}", "metadata", "status", "Failure",
+                         "message", msg, "reason", "NonZeroExitCode", "details", "causes",
+                         "reason", "ExitCode", "message", num);
+  send_status_json(e, st);
+}
+
+static void on_start_event(dp_exec_t *e, json_t *start)
+{
+  e->pid = json_integer_value(json_object_get(start, "pid"));
+  json_t *off = json_object_get(start, "outputOffset");
+  uint64_t o = 0;
+  if (json_is_string(off) && parse_u64(json_string_value(off), &o) == 0)
+    e->offset = o;
+  if (e->want_info && e->ws != NULL) {
+    /* OSR extension (osrInfo=true): one text message before any output, so
+     * a client learns what to re-attach to. Kubernetes clients never ask. */
+    char num[32];
+    snprintf(num, sizeof(num), "%llu", (unsigned long long)e->offset);
+    json_t *j = json_pack("{s:I,s:s}", "pid", (json_int_t)e->pid, "outputOffset", num);
+    char *s = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    e->out.len = 0;
+    if (s != NULL && osr_buf_append(&e->out, s, strlen(s)) == 0)
+      e->out_pending = 2;
+    osr_json_free(s);
+    (void)out_flush(e);
+  }
+  /* Input can flow now: it needs the pid. */
+  if (e->ws != NULL && e->reading_paused && e->stdin_buf.len < DP_EXEC_STDIN_LOW) {
+    e->reading_paused = 0;
+    osr_ws_read_start(e->ws);
+  }
+  ops_kick(e);
+}
+
+/* A data event: base64 output into one channel message. */
+static void on_data(dp_exec_t *e, const char *field, size_t flen, const char *b64, size_t blen)
+{
+  int ch;
+  if ((flen == 6 && memcmp(field, "stdout", 6) == 0) || (flen == 3 && memcmp(field, "pty", 3) == 0))
+    ch = e->want_stdout ? 1 : 0;
+  else if (flen == 6 && memcmp(field, "stderr", 6) == 0)
+    ch = e->want_stderr ? 2 : 0;
+  else
+    return;
+  osr_iovec_t tail;
+  e->out.len = 0;
+  if (osr_buf_reserve(&e->out, 1 + blen / 4 * 3 + 3, &tail) != 0) {
+    send_failure(e, 500, "InternalError", "output frame too large");
+    return;
+  }
+  tail.base[0] = (char)ch;
+  long n = osr_b64_decode(b64, blen, tail.base + 1);
+  if (n < 0) {
+    send_failure(e, 500, "InternalError", "bad output encoding from the sandbox");
+    return;
+  }
+  e->offset += (uint64_t)n;
+  if (ch == 0 || n == 0)
+    return;
+  osr_buf_commit(&e->out, 1 + (size_t)n);
+  e->out_pending = 1;
+  (void)out_flush(e);
+}
+
+/* The agent's data frames are exactly {"event":{"data":{"<f>":"<b64>"}}}
+ * (process.c): match that without a JSON parse, since it is every frame of
+ * a large output. Anything else goes through jansson. */
+static int fast_data(dp_exec_t *e, const char *p, size_t n)
+{
+  static const char pre[] = "{\"event\":{\"data\":{\"";
+  const size_t pl = sizeof(pre) - 1;
+  if (n < pl + 10 || memcmp(p, pre, pl) != 0 || memcmp(p + n - 4, "\"}}}", 4) != 0)
+    return 0;
+  const char *f = p + pl;
+  const char *q = memchr(f, '"', n - pl);
+  if (q == NULL || q + 3 > p + n - 4 || q[1] != ':' || q[2] != '"')
+    return 0;
+  const char *b = q + 3;
+  size_t bl = (size_t)(p + n - 4 - b);
+  if (memchr(b, '"', bl) != NULL || memchr(b, '\\', bl) != NULL)
+    return 0;
+  on_data(e, f, (size_t)(q - f), b, bl);
+  return 1;
+}
+
+static void on_frame(dp_exec_t *e, const osr_cx_msg_t *m)
+{
+  if (m->flags & OSR_CX_FLAG_END_STREAM) {
+    json_t *j = json_loadb(m->data, m->len, 0, NULL);
+    json_t *err = json_object_get(j, "error");
+    if (err != NULL) {
+      const char *msg = json_string_value(json_object_get(err, "message"));
+      const char *code = json_string_value(json_object_get(err, "code"));
+      osr_free(e->stream_err);
+      e->stream_err = osr_xstrdup(msg != NULL ? msg : "error");
+      snprintf(e->stream_code, sizeof(e->stream_code), "%s", code != NULL ? code : "unknown");
+    }
+    json_decref(j);
+    return;
+  }
+  if (e->ended || fast_data(e, m->data, m->len))
+    return;
+  json_t *j = json_loadb(m->data, m->len, 0, NULL);
+  json_t *ev = json_object_get(j, "event");
+  json_t *x;
+  if ((x = json_object_get(ev, "start")) != NULL) {
+    on_start_event(e, x);
+  } else if ((x = json_object_get(ev, "data")) != NULL) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(x, k, v)
+    {
+      if (json_is_string(v))
+        on_data(e, k, strlen(k), json_string_value(v), json_string_length(v));
+      break;
+    }
+  } else if ((x = json_object_get(ev, "end")) != NULL) {
+    on_end_event(e, x);
+  }
+  json_decref(j);
+}
+
+/* Parse and deliver frames from the held chunk until it is used up or the
+ * client's queue is full. Releases the chunk when it is used up. */
+static void pump(dp_exec_t *e)
+{
+  e->busy++;
+  while (!e->out_pending && e->in_len > 0 && e->screq != NULL && !e->finishing) {
+    size_t used = 0;
+    osr_cx_msg_t m;
+    int rv = osr_cx_parse(&e->cx, e->in, e->in_len, &used, &m);
+    e->in += used;
+    e->in_len -= used;
+    if (rv < 0) {
+      e->in_len = 0;
+      send_failure(e, 500, "InternalError", "malformed stream from the sandbox");
+      break;
+    }
+    if (rv == 1)
+      on_frame(e, &m);
+  }
+  if (e->holding && e->in_len == 0 && !e->out_pending && e->screq != NULL && !e->finishing) {
+    e->holding = 0;
+    osr_http_creq_release(e->screq); /* may deliver the next chunk now */
+  }
+  e->busy--;
+}
+
+static void sc_on_response(osr_http_creq_t *r, int status, const osr_http_header_t *h, size_t n,
+                           void *data)
+{
+  (void)r;
+  (void)h;
+  (void)n;
+  ((dp_exec_t *)data)->sc_status = status;
+}
+
+static const char *reason_of_code(const char *code, int *http)
+{
+  if (strcmp(code, "not_found") == 0) {
+    *http = 404;
+    return "NotFound";
+  }
+  if (strcmp(code, "invalid_argument") == 0 || strcmp(code, "out_of_range") == 0 ||
+      strcmp(code, "failed_precondition") == 0) {
+    *http = 400;
+    return "BadRequest";
+  }
+  if (strcmp(code, "unauthenticated") == 0 || strcmp(code, "permission_denied") == 0) {
+    *http = 403;
+    return "Forbidden";
+  }
+  *http = 500;
+  return "InternalError";
+}
+
+static void sc_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
+{
+  dp_exec_t *e = data;
+  if (status == 0 && e->screq == r) {
+    if (e->sc_status != 200) {
+      if (osr_buf_append(&e->errbody, chunk->base, chunk->len) != 0)
+        e->errbody.len = 0;
+      return;
+    }
+    e->in = chunk->base;
+    e->in_len = chunk->len;
+    pump(e);
+    if ((e->in_len > 0 || e->out_pending) && e->screq == r) {
+      osr_http_creq_hold(r);
+      e->holding = 1;
+    }
+    return;
+  }
+  if (status == 0)
+    return;
+  /* The stream is over: EOF, an error, or our own close. */
+  if (e->screq != r)
+    return;
+  e->busy++;
+  e->screq = NULL;
+  e->holding = 0;
+  e->in_len = 0;
+  if (!e->status_sent && !e->finishing) {
+    char msg[512];
+    int http = 500;
+    const char *reason = "InternalError";
+    if (e->sc_status != 200 && e->sc_status != 0) {
+      json_t *j = json_loadb(osr_buf_data(&e->errbody), e->errbody.len, 0, NULL);
+      const char *m = json_string_value(json_object_get(j, "message"));
+      const char *c = json_string_value(json_object_get(j, "code"));
+      if (c != NULL)
+        reason = reason_of_code(c, &http);
+      snprintf(msg, sizeof(msg), "%s: %s", e->start_method,
+               m != NULL ? m : osr_http_reason(e->sc_status));
+      json_decref(j);
+    } else if (e->stream_err != NULL) {
+      reason = reason_of_code(e->stream_code, &http);
+      snprintf(msg, sizeof(msg), "%s: %s", e->start_method, e->stream_err);
+    } else {
+      snprintf(msg, sizeof(msg), "the exec stream from the sandbox ended early: %s",
+               osr_strerror(status == OSR_EOF ? OSR_ECONNRESET : status));
+    }
+    send_failure(e, http, reason, msg);
+  }
+  close_sc(e);
+  e->busy--;
+  exec_maybe_free(e);
+}
+
+static const osr_http_client_events_t sc_events = {sc_on_response, sc_on_body};
+
+static void sc_written(osr_http_creq_t *r, int status, void *arg)
+{
+  dp_exec_t *e = arg;
+  (void)r;
+  (void)status;
+  e->sc_writing = 0;
+  exec_maybe_free(e);
+}
+
+static void fill_headers(dp_exec_t *e, osr_http_header_t *h, size_t *n, int stream)
+{
+  size_t k = 0;
+  h[k].name = OSR_IOV_LIT("content-type");
+  h[k++].value = stream ? OSR_IOV_LIT("application/connect+json") : OSR_IOV_LIT("application/json");
+  h[k].name = OSR_IOV_LIT("connect-protocol-version");
+  h[k++].value = OSR_IOV_LIT("1");
+  if (e->agent_tok[0] != '\0') {
+    h[k].name = OSR_IOV_LIT("x-access-token");
+    h[k++].value = osr_iov(e->agent_tok, strlen(e->agent_tok));
+  }
+  *n = k;
+}
+
+static void sc_connected(osr_http_client_t *c, int status, void *data)
+{
+  dp_exec_t *e = data;
+  e->sc_connecting = 0;
+  if (status != 0) {
+    e->dp->n_upstream_fail++;
+    if (!e->finishing) {
+      char msg[256];
+      snprintf(msg, sizeof(msg), "cannot reach the sandbox: %s", osr_strerror(status));
+      send_failure(e, 502, "ServiceUnavailable", msg);
+    }
+    exec_maybe_free(e);
+    return;
+  }
+  e->sc = c;
+  if (e->finishing) {
+    exec_finish(e);
+    return;
+  }
+  osr_http_header_t h[4];
+  size_t nh;
+  fill_headers(e, h, &nh, 1);
+  char target[64];
+  snprintf(target, sizeof(target), "/process.Process/%s", e->start_method);
+  osr_http_client_req_t rq = {"POST", target, "localhost", h, nh, (int64_t)e->start_len};
+  int rv = osr_http_client_request(c, &rq, &sc_events, e, &e->screq);
+  if (rv != 0) {
+    e->screq = NULL;
+    send_failure(e, 502, "ServiceUnavailable", "cannot start the exec stream in the sandbox");
+    close_sc(e);
+    exec_maybe_free(e);
+    return;
+  }
+  osr_iovec_t b = osr_iov(e->start_body, e->start_len);
+  if (osr_http_creq_write(e->screq, &b, 1, 1, sc_written, e) == 0)
+    e->sc_writing = 1;
+  else
+    osr_http_creq_cancel(e->screq); /* sc_on_body reports the failure */
+}
+
+/* ========================================================================== */
+/* Control calls: SendInput, CloseStdin, Update                                */
+
+static void cc_issue(dp_exec_t *e);
+
+static void op_done(dp_exec_t *e)
+{
+  e->op_ready = 0;
+  e->op_retried = 0;
+  e->op_body.len = 0;
+  if (e->ws != NULL && e->reading_paused && e->stdin_buf.len < DP_EXEC_STDIN_LOW &&
+      e->pid > 0) {
+    e->reading_paused = 0;
+    osr_ws_read_start(e->ws);
+  }
+  ops_kick(e);
+}
+
+static void cc_on_response(osr_http_creq_t *r, int status, const osr_http_header_t *h, size_t n,
+                           void *data)
+{
+  (void)r;
+  (void)h;
+  (void)n;
+  ((dp_exec_t *)data)->op_status = status;
+}
+
+static void cc_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
+{
+  dp_exec_t *e = data;
+  (void)chunk;
+  if (status == 0 || e->ccreq != r)
+    return;
+  e->busy++;
+  e->ccreq = NULL;
+  if (status == OSR_EOF) {
+    /* Answered. A refusal (stdin closed, process gone) is the process's
+     * business: the stream's end event tells the client what happened. */
+    if (e->op_status != 200)
+      OSR_LOG_DEBUG(MOD, "exec %s: %s answered %d", e->sid, e->op_method, e->op_status);
+    op_done(e);
+  } else if (!e->finishing) {
+    int answered = e->op_status != 0;
+    close_cc(e);
+    if (!answered && e->cc_reused && !e->op_retried) {
+      /* The agent closed an idle keep-alive connection under us: retry
+       * once on a fresh one (nothing was answered, so nothing ran). */
+      e->op_retried = 1;
+      ops_kick(e);
+    } else {
+      send_failure(e, 502, "ServiceUnavailable", "lost the control connection to the sandbox");
+    }
+  }
+  e->busy--;
+  exec_maybe_free(e);
+}
+
+static const osr_http_client_events_t cc_events = {cc_on_response, cc_on_body};
+
+static void cc_written(osr_http_creq_t *r, int status, void *arg)
+{
+  dp_exec_t *e = arg;
+  (void)r;
+  (void)status;
+  e->cc_writing = 0;
+  if (e->ccreq == NULL && !e->finishing)
+    ops_kick(e);
+  exec_maybe_free(e);
+}
+
+static void cc_connected(osr_http_client_t *c, int status, void *data)
+{
+  dp_exec_t *e = data;
+  e->cc_connecting = 0;
+  if (status != 0) {
+    if (!e->finishing)
+      send_failure(e, 502, "ServiceUnavailable", "cannot reach the sandbox for input");
+    exec_maybe_free(e);
+    return;
+  }
+  e->cc = c;
+  e->cc_reused = 0;
+  if (e->finishing) {
+    exec_finish(e);
+    return;
+  }
+  cc_issue(e);
+}
+
+static void cc_issue(dp_exec_t *e)
+{
+  osr_http_header_t h[4];
+  size_t nh;
+  fill_headers(e, h, &nh, 0);
+  char target[64];
+  snprintf(target, sizeof(target), "/process.Process/%s", e->op_method);
+  osr_http_client_req_t rq = {"POST", target, "localhost", h, nh, (int64_t)e->op_body.len};
+  e->op_status = 0;
+  int rv = osr_http_client_request(e->cc, &rq, &cc_events, e, &e->ccreq);
+  if (rv == 0) {
+    osr_iovec_t b = osr_iov(osr_buf_data(&e->op_body), e->op_body.len);
+    rv = osr_http_creq_write(e->ccreq, &b, 1, 1, cc_written, e);
+    if (rv == 0) {
+      e->cc_writing = 1;
+      return;
+    }
+    osr_http_creq_cancel(e->ccreq); /* cc_on_body fires: ccreq cleared there */
+    return;
+  }
+  e->ccreq = NULL;
+  /* A dead keep-alive connection: nothing was sent, take a fresh one. */
+  close_cc(e);
+  if (!e->op_retried) {
+    e->op_retried = 1;
+    ops_kick(e);
+  } else {
+    send_failure(e, 502, "ServiceUnavailable", "lost the control connection to the sandbox");
+  }
+}
+
+/* Prepare the next call (if none is prepared) and send it when the control
+ * connection is free. */
+static void ops_kick(dp_exec_t *e)
+{
+  if (e->finishing || e->pid <= 0 || e->ccreq != NULL || e->cc_writing || e->cc_connecting)
+    return;
+  if (!e->op_ready) {
+    e->op_body.len = 0;
+    int rv = 0;
+    if (e->resize_pending && e->tty) {
+      e->resize_pending = 0;
+      e->op_method = "Update";
+      rv = osr_buf_appendf(&e->op_body,
+                           "{\"process\":{\"pid\":%lld},\"pty\":{\"size\":{\"cols\":%u,\"rows\":%u}}}",
+                           (long long)e->pid, e->cols, e->rows);
+    } else if (e->stdin_buf.len > 0 && !e->stdin_closed) {
+      size_t n = e->stdin_buf.len < DP_EXEC_INPUT_CHUNK ? e->stdin_buf.len : DP_EXEC_INPUT_CHUNK;
+      osr_iovec_t tail;
+      e->op_method = "SendInput";
+      rv = osr_buf_appendf(&e->op_body, "{\"process\":{\"pid\":%lld},\"input\":{\"%s\":\"",
+                           (long long)e->pid, e->tty ? "pty" : "stdin");
+      if (rv == 0 && (rv = osr_buf_reserve(&e->op_body, osr_b64_enc_len(n) + 4, &tail)) == 0) {
+        size_t w = osr_b64_encode(osr_buf_data(&e->stdin_buf), n, tail.base, 1);
+        memcpy(tail.base + w, "\"}}", 3);
+        osr_buf_commit(&e->op_body, w + 3);
+        osr_buf_consume(&e->stdin_buf, n);
+      }
+    } else if (e->stdin_close_req && !e->stdin_closed && e->stdin_buf.len == 0) {
+      e->stdin_closed = 1;
+      e->op_method = "CloseStdin";
+      rv = osr_buf_appendf(&e->op_body, "{\"process\":{\"pid\":%lld}}", (long long)e->pid);
+    } else {
+      return;
+    }
+    if (rv != 0) {
+      send_failure(e, 500, "InternalError", "out of memory");
+      return;
+    }
+    e->op_ready = 1;
+  }
+  if (e->cc != NULL) {
+    e->cc_reused = 1;
+    cc_issue(e);
+    return;
+  }
+  osr_http_client_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.tls = e->tls ? e->dp->client_tls : NULL;
+  o.connect_timeout_ms = DP_EXEC_CONNECT_MS;
+  o.idle_timeout_ms = e->dp->cfg.upstream_idle_ms;
+  e->cc_connecting = 1;
+  if (osr_http_client_connect(e->dp->loop, e->addr, &o, cc_connected, e) != 0) {
+    e->cc_connecting = 0;
+    send_failure(e, 502, "ServiceUnavailable", "cannot reach the sandbox for input");
+  }
+}
+
+/* ========================================================================== */
+/* The client's WebSocket                                                      */
+
+static void on_resize(dp_exec_t *e, const char *p, size_t n)
+{
+  json_t *j = json_loadb(p, n, 0, NULL);
+  const char *k;
+  json_t *v;
+  json_int_t w = -1, h = -1;
+  /* Go's encoding/json (Kubernetes) matches keys case-insensitively:
+   * kubectl sends Width/Height, @kubernetes/client-node width/height. */
+  json_object_foreach(j, k, v)
+  {
+    if (strcasecmp(k, "width") == 0 && json_is_integer(v))
+      w = json_integer_value(v);
+    else if (strcasecmp(k, "height") == 0 && json_is_integer(v))
+      h = json_integer_value(v);
+  }
+  json_decref(j);
+  if (w <= 0 || h <= 0 || w > 65535 || h > 65535)
+    return; /* Kubernetes ignores malformed resizes too */
+  e->cols = (unsigned)w;
+  e->rows = (unsigned)h;
+  e->resize_pending = 1;
+  ops_kick(e);
+}
+
+static void ws_on_message(osr_ws_t *ws, int op, const osr_iovec_t *msg, void *data)
+{
+  dp_exec_t *e = data;
+  (void)ws;
+  if (op != OSR_WS_BINARY || msg->len == 0 || e->finishing)
+    return; /* Kubernetes servers ignore text frames on exec */
+  unsigned ch = (unsigned char)msg->base[0];
+  const char *p = msg->base + 1;
+  size_t n = msg->len - 1;
+  switch (ch) {
+  case 0:
+    if (!e->want_stdin || e->stdin_close_req || n == 0)
+      return;
+    if (osr_buf_append(&e->stdin_buf, p, n) != 0) {
+      send_failure(e, 500, "InternalError", "too much unread stdin");
+      return;
+    }
+    if (e->stdin_buf.len >= DP_EXEC_STDIN_HIGH && !e->reading_paused && e->ws != NULL) {
+      e->reading_paused = 1;
+      osr_ws_read_stop(e->ws);
+    }
+    ops_kick(e);
+    return;
+  case 4:
+    on_resize(e, p, n);
+    return;
+  case 255:
+    /* v5: the client closed one of its streams; only stdin is meaningful. */
+    if (e->v5 && n >= 1 && p[0] == 0 && e->want_stdin) {
+      e->stdin_close_req = 1;
+      ops_kick(e);
+    }
+    return;
+  default:
+    return;
+  }
+}
+
+static void ws_on_writable(osr_ws_t *ws, void *data)
+{
+  dp_exec_t *e = data;
+  (void)ws;
+  e->busy++;
+  if (out_flush(e) == 0) {
+    if (e->status_queued)
+      close_ws(e, 1000, NULL);
+    else if (e->status_msg != NULL)
+      status_kick(e);
+    else
+      pump(e);
+  }
+  e->busy--;
+  exec_maybe_free(e);
+}
+
+static void ws_on_close(osr_ws_t *ws, int code, const osr_iovec_t *reason, void *data)
+{
+  dp_exec_t *e = data;
+  (void)ws;
+  (void)reason;
+  OSR_LOG_DEBUG(MOD, "exec %s pid %lld: client closed (%d), %llu output bytes", e->sid,
+                (long long)e->pid, code, (unsigned long long)e->offset);
+  e->ws = NULL;
+  e->out_pending = 0;
+  exec_finish(e);
+}
+
+static const osr_ws_events_t ws_events = {NULL, ws_on_message, ws_on_writable, ws_on_close};
+
+/* ========================================================================== */
+/* Entry points                                                                */
+
+static const char *const subprotocols[] = {"v5.channel.k8s.io", "v4.channel.k8s.io"};
+
+void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
+                  const char *sid)
+{
+  const osr_iovec_t *up = osr_http_req_header(req, "upgrade");
+  if (up == NULL || up->len != 9 || strncasecmp(up->base, "websocket", 9) != 0) {
+    osr__dp_error(req, 400, sid,
+                  "the exec console is a WebSocket (subprotocol v5.channel.k8s.io or "
+                  "v4.channel.k8s.io)");
+    return;
+  }
+  exec_query_t q;
+  const char *why = parse_query(req->query, &q);
+  if (why != NULL) {
+    query_dispose(&q);
+    osr__dp_error(req, 400, sid, why);
+    return;
+  }
+  dp_exec_t *e = osr_xcalloc(1, sizeof(*e));
+  e->dp = dp;
+  e->pid = -1;
+  e->want_stdin = q.in;
+  e->want_stdout = q.out;
+  e->want_stderr = q.err && !q.tty; /* a terminal has one output */
+  e->tty = q.tty;
+  e->want_info = q.info;
+  snprintf(e->addr, sizeof(e->addr), "%s", addr);
+  snprintf(e->sid, sizeof(e->sid), "%s", sid);
+  e->tls = tls;
+  if (dp->cfg.agent_secret != NULL)
+    (void)osr_agent_token(dp->cfg.agent_secret, sid, e->agent_tok);
+  e->start_body = build_start(&q, &e->start_len, &e->start_method);
+  query_dispose(&q);
+  osr_cx_parser_init(&e->cx, DP_EXEC_FRAME_MAX);
+  osr_buf_init(&e->out, DP_EXEC_FRAME_MAX);
+  osr_buf_init(&e->errbody, DP_EXEC_ERRBODY_MAX);
+  osr_buf_init(&e->op_body, osr_b64_enc_len(DP_EXEC_INPUT_CHUNK) + 256);
+  osr_buf_init(&e->stdin_buf, DP_EXEC_STDIN_MAX);
+  if (e->start_body == NULL) {
+    osr__dp_error(req, 500, sid, "out of memory");
+    exec_discard(e);
+    return;
+  }
+  osr_ws_opts_t wo;
+  memset(&wo, 0, sizeof(wo));
+  wo.subprotocols = subprotocols;
+  wo.nsubprotocols = OSR_ARRAY_SIZE(subprotocols);
+  wo.max_message = DP_EXEC_MAX_MESSAGE;
+  wo.max_queued = DP_EXEC_WS_QUEUE;
+  if (osr_ws_accept(req, &wo, &ws_events, e, &e->ws) != 0) {
+    exec_discard(e); /* answered (400/426/500); no callbacks will fire */
+    return;
+  }
+  const char *proto = osr_ws_subprotocol(e->ws);
+  e->v5 = proto != NULL && strcmp(proto, "v5.channel.k8s.io") == 0;
+  dp->nstreams++;
+  e->next = dp->execs;
+  if (dp->execs != NULL)
+    dp->execs->prev = e;
+  dp->execs = e;
+  /* Input needs the pid: hold the client until the start event. */
+  e->reading_paused = 1;
+  osr_ws_read_stop(e->ws);
+  if (proto == NULL) {
+    /* ws.h: no common subprotocol still answers 101; clients then fail the
+     * connection themselves. Nothing is started for them. */
+    close_ws(e, 1002, "subprotocol v5.channel.k8s.io or v4.channel.k8s.io required");
+    return;
+  }
+  OSR_LOG_DEBUG(MOD, "%s: exec %s on %s (%s)", req->peer, e->start_method, sid, proto);
+  osr_http_client_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.tls = tls ? dp->client_tls : NULL;
+  o.connect_timeout_ms = DP_EXEC_CONNECT_MS;
+  o.idle_timeout_ms = dp->cfg.upstream_idle_ms;
+  o.limits.max_body = UINT64_MAX / 2; /* streamed */
+  e->sc_connecting = 1;
+  int rv = osr_http_client_connect(dp->loop, e->addr, &o, sc_connected, e);
+  if (rv != 0) {
+    e->sc_connecting = 0;
+    send_failure(e, 502, "ServiceUnavailable", "cannot reach the sandbox");
+  }
+  dp->n_forwarded++;
+}
+
+void osr__dp_execs_close(osr_dataplane_t *dp)
+{
+  for (dp_exec_t *e = dp->execs; e != NULL;) {
+    dp_exec_t *next = e->next;
+    e->busy++;
+    /* A slow client may never take the status: close regardless (ws.c
+     * bounds the close handshake by its close timeout). */
+    close_ws(e, 1001, "the data plane is shutting down");
+    exec_finish(e);
+    e->busy--;
+    e = next;
+  }
+}
