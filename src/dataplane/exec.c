@@ -48,6 +48,7 @@
 #define DP_EXEC_FRAME_MAX   (256 * 1024) /* Connect frame from the agent */
 #define DP_EXEC_ERRBODY_MAX 4096
 #define DP_EXEC_CONNECT_MS  10000
+#define DP_EXEC_CONTENT_TYPE "application/vnd.osr.exec-frames"
 
 typedef struct dp_exec_s dp_exec_t;
 
@@ -98,6 +99,15 @@ struct dp_exec_s {
   int resize_pending;
   unsigned cols, rows;
   int reading_paused;
+  /* HTTP stream transport (POST .../exec, docs: "Exec streams") */
+  osr_http_req_t *hreq; /* NULL once on_done fired */
+  osr_buf_t hout;       /* the frame being written (until h_written) */
+  int hwriting, hend_pending, hend_sent, hheld;
+  uint8_t fhdr[4];      /* input frame parser: length prefix, channel, payload */
+  size_t fhdr_len;
+  int fch;              /* channel of the frame being read, -1 = in the header */
+  uint32_t frem;        /* payload bytes still to come */
+  osr_buf_t fsmall;     /* payload of a resize / close frame */
   /* lifetime */
   int finishing;
   int closing_ws;
@@ -394,6 +404,8 @@ static void exec_discard(dp_exec_t *e)
 {
   osr_cx_parser_dispose(&e->cx);
   osr_buf_dispose(&e->out);
+  osr_buf_dispose(&e->hout);
+  osr_buf_dispose(&e->fsmall);
   osr_buf_dispose(&e->errbody);
   osr_buf_dispose(&e->op_body);
   osr_buf_dispose(&e->stdin_buf);
@@ -403,7 +415,7 @@ static void exec_discard(dp_exec_t *e)
 
 static void exec_maybe_free(dp_exec_t *e)
 {
-  if (e->busy || e->ws != NULL || e->sc != NULL || e->cc != NULL || e->screq != NULL ||
+  if (e->busy || e->ws != NULL || e->hreq != NULL || e->hwriting || e->sc != NULL || e->cc != NULL || e->screq != NULL ||
       e->ccreq != NULL || e->sc_connecting || e->cc_connecting || e->sc_writing || e->cc_writing)
     return;
   osr_dataplane_t *dp = e->dp;
@@ -415,6 +427,8 @@ static void exec_maybe_free(dp_exec_t *e)
     e->next->prev = e->prev;
   osr_cx_parser_dispose(&e->cx);
   osr_buf_dispose(&e->out);
+  osr_buf_dispose(&e->hout);
+  osr_buf_dispose(&e->fsmall);
   osr_buf_dispose(&e->errbody);
   osr_buf_dispose(&e->op_body);
   osr_buf_dispose(&e->stdin_buf);
@@ -459,32 +473,119 @@ static void exec_finish(dp_exec_t *e)
   exec_maybe_free(e);
 }
 
-/* Close the WebSocket once everything queued before went out (ws.h: a close
- * never overtakes queued messages). */
+static void h_written(osr_http_req_t *req, int status, void *arg);
+
+/* End the client side once everything queued before went out: the
+ * WebSocket's close (ws.h: a close never overtakes queued messages), or the
+ * end of the HTTP response body behind the frame being written. */
 static void close_ws(dp_exec_t *e, int code, const char *why)
 {
-  if (e->ws == NULL || e->closing_ws)
+  if (e->closing_ws)
+    return;
+  if (e->ws != NULL) {
+    e->closing_ws = 1;
+    osr_ws_close(e->ws, code, why);
+    return;
+  }
+  if (e->hreq == NULL || e->hend_sent)
     return;
   e->closing_ws = 1;
-  osr_ws_close(e->ws, code, why);
+  if (e->hwriting) {
+    e->hend_pending = 1; /* h_written ends it */
+    return;
+  }
+  e->hend_sent = 1;
+  if (osr_http_write(e->hreq, NULL, 0, 1, h_written, e) == 0)
+    e->hwriting = 1;
+  else
+    osr_http_abort(e->hreq);
+}
+
+static int client_gone(const dp_exec_t *e)
+{
+  return e->ws == NULL && e->hreq == NULL;
+}
+
+/* Input flow control on either transport. */
+static void input_pause(dp_exec_t *e)
+{
+  if (e->reading_paused)
+    return;
+  if (e->ws != NULL) {
+    e->reading_paused = 1;
+    osr_ws_read_stop(e->ws);
+  }
+  /* HTTP: h_on_body holds its chunk (hold is only valid inside on_body). */
+}
+
+static void input_resume(dp_exec_t *e)
+{
+  if (!e->reading_paused || e->stdin_buf.len >= DP_EXEC_STDIN_LOW || e->pid <= 0)
+    return;
+  e->reading_paused = 0;
+  if (e->ws != NULL) {
+    osr_ws_read_start(e->ws);
+  } else if (e->hreq != NULL && e->hheld) {
+    e->hheld = 0;
+    osr_http_req_release(e->hreq); /* may deliver the next chunk now */
+  }
 }
 
 /* ========================================================================== */
 /* Output: Connect frames -> channel messages                                  */
 
-/* Send e->out; on a full queue keep it for on_writable. Returns 0 when sent
- * (or dropped because the socket is gone), OSR_EAGAIN when kept. */
+/* e->out holds one frame of the HTTP framing: a 4-byte big-endian length,
+ * the channel byte, the payload. A WebSocket message is the same without
+ * the length (and an info frame, channel 5, is a text message of just the
+ * payload), so output is built once for both transports. */
+static void out_begin(dp_exec_t *e, int ch)
+{
+  const char head[5] = {0, 0, 0, 0, (char)ch};
+  e->out.len = 0;
+  /* On failure (no memory for 5 bytes) out stays shorter than a frame
+   * header and out_flush drops it. */
+  if (osr_buf_append(&e->out, head, 5) != 0)
+    e->out.len = 0;
+}
+
+/* Send e->out; when the client cannot take it now keep it for
+ * on_client_writable. Returns 0 when sent (or dropped because the client is
+ * gone), OSR_EAGAIN when kept. */
 static int out_flush(dp_exec_t *e)
 {
   if (!e->out_pending)
     return 0;
-  if (e->ws == NULL || e->closing_ws) {
+  if (client_gone(e) || e->closing_ws || e->out.len < 5) {
     e->out_pending = 0;
     e->out.len = 0;
     return 0;
   }
-  int rv = osr_ws_send(e->ws, e->out_pending == 2 ? OSR_WS_TEXT : OSR_WS_BINARY,
-                       osr_buf_data(&e->out), e->out.len);
+  uint8_t *p = (uint8_t *)osr_buf_data(&e->out);
+  if (p == NULL) {
+    e->out_pending = 0;
+    return 0;
+  }
+  uint32_t n = (uint32_t)(e->out.len - 4);
+  p[0] = (uint8_t)(n >> 24);
+  p[1] = (uint8_t)(n >> 16);
+  p[2] = (uint8_t)(n >> 8);
+  p[3] = (uint8_t)n;
+  int rv;
+  if (e->ws != NULL) {
+    int text = e->out_pending == 2;
+    size_t off = text ? 5 : 4;
+    rv = osr_ws_send(e->ws, text ? OSR_WS_TEXT : OSR_WS_BINARY, p + off, e->out.len - off);
+  } else {
+    if (e->hwriting)
+      return OSR_EAGAIN;
+    /* One write in flight (http.h): the frame moves to hout until its
+     * callback, and out is free for the next one. */
+    osr_buf_swap(&e->out, &e->hout);
+    osr_iovec_t iov = osr_iov(osr_buf_data(&e->hout), e->hout.len);
+    rv = osr_http_write(e->hreq, &iov, 1, 0, h_written, e);
+    if (rv == 0)
+      e->hwriting = 1;
+  }
   if (rv == OSR_EAGAIN)
     return OSR_EAGAIN;
   if (rv != 0)
@@ -500,9 +601,8 @@ static void status_kick(dp_exec_t *e)
 {
   if (e->status_msg == NULL || e->out_pending)
     return;
-  e->out.len = 0;
-  if (osr_buf_append(&e->out, "\3", 1) == 0 &&
-      osr_buf_append(&e->out, e->status_msg, strlen(e->status_msg)) == 0)
+  out_begin(e, 3);
+  if (osr_buf_append(&e->out, e->status_msg, strlen(e->status_msg)) == 0)
     e->out_pending = 1;
   osr_free(e->status_msg);
   e->status_msg = NULL;
@@ -584,7 +684,7 @@ static void on_start_event(dp_exec_t *e, json_t *start)
   uint64_t o = 0;
   if (json_is_string(off) && parse_u64(json_string_value(off), &o) == 0)
     e->offset = o;
-  if (e->want_info && e->ws != NULL) {
+  if (e->want_info && !client_gone(e)) {
     /* OSR extension (osrInfo=true): one text message before any output, so
      * a client learns what to re-attach to. Kubernetes clients never ask. */
     char num[32];
@@ -592,17 +692,14 @@ static void on_start_event(dp_exec_t *e, json_t *start)
     json_t *j = json_pack("{s:I,s:s}", "pid", (json_int_t)e->pid, "outputOffset", num);
     char *s = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    e->out.len = 0;
+    out_begin(e, 5);
     if (s != NULL && osr_buf_append(&e->out, s, strlen(s)) == 0)
       e->out_pending = 2;
     osr_json_free(s);
     (void)out_flush(e);
   }
   /* Input can flow now: it needs the pid. */
-  if (e->ws != NULL && e->reading_paused && e->stdin_buf.len < DP_EXEC_STDIN_LOW) {
-    e->reading_paused = 0;
-    osr_ws_read_start(e->ws);
-  }
+  input_resume(e);
   ops_kick(e);
 }
 
@@ -617,13 +714,12 @@ static void on_data(dp_exec_t *e, const char *field, size_t flen, const char *b6
   else
     return;
   osr_iovec_t tail;
-  e->out.len = 0;
-  if (osr_buf_reserve(&e->out, 1 + blen / 4 * 3 + 3, &tail) != 0) {
+  out_begin(e, ch);
+  if (osr_buf_reserve(&e->out, blen / 4 * 3 + 3, &tail) != 0) {
     send_failure(e, 500, "InternalError", "output frame too large");
     return;
   }
-  tail.base[0] = (char)ch;
-  long n = osr_b64_decode(b64, blen, tail.base + 1);
+  long n = osr_b64_decode(b64, blen, tail.base);
   if (n < 0) {
     send_failure(e, 500, "InternalError", "bad output encoding from the sandbox");
     return;
@@ -631,7 +727,7 @@ static void on_data(dp_exec_t *e, const char *field, size_t flen, const char *b6
   e->offset += (uint64_t)n;
   if (ch == 0 || n == 0)
     return;
-  osr_buf_commit(&e->out, 1 + (size_t)n);
+  osr_buf_commit(&e->out, (size_t)n);
   e->out_pending = 1;
   (void)out_flush(e);
 }
@@ -877,11 +973,7 @@ static void op_done(dp_exec_t *e)
   e->op_ready = 0;
   e->op_retried = 0;
   e->op_body.len = 0;
-  if (e->ws != NULL && e->reading_paused && e->stdin_buf.len < DP_EXEC_STDIN_LOW &&
-      e->pid > 0) {
-    e->reading_paused = 0;
-    osr_ws_read_start(e->ws);
-  }
+  input_resume(e);
   ops_kick(e);
 }
 
@@ -1071,6 +1163,28 @@ static void on_resize(dp_exec_t *e, const char *p, size_t n)
   ops_kick(e);
 }
 
+static void on_stdin(dp_exec_t *e, const char *p, size_t n)
+{
+  if (!e->want_stdin || e->stdin_close_req || n == 0)
+    return;
+  if (osr_buf_append(&e->stdin_buf, p, n) != 0) {
+    send_failure(e, 500, "InternalError", "too much unread stdin");
+    return;
+  }
+  if (e->stdin_buf.len >= DP_EXEC_STDIN_HIGH)
+    input_pause(e);
+  ops_kick(e);
+}
+
+static void on_close_channel(dp_exec_t *e, const char *p, size_t n)
+{
+  /* The client closed one of its streams; only stdin is meaningful. */
+  if (n >= 1 && p[0] == 0 && e->want_stdin && !e->stdin_close_req) {
+    e->stdin_close_req = 1;
+    ops_kick(e);
+  }
+}
+
 static void ws_on_message(osr_ws_t *ws, int op, const osr_iovec_t *msg, void *data)
 {
   dp_exec_t *e = data;
@@ -1080,39 +1194,18 @@ static void ws_on_message(osr_ws_t *ws, int op, const osr_iovec_t *msg, void *da
   unsigned ch = (unsigned char)msg->base[0];
   const char *p = msg->base + 1;
   size_t n = msg->len - 1;
-  switch (ch) {
-  case 0:
-    if (!e->want_stdin || e->stdin_close_req || n == 0)
-      return;
-    if (osr_buf_append(&e->stdin_buf, p, n) != 0) {
-      send_failure(e, 500, "InternalError", "too much unread stdin");
-      return;
-    }
-    if (e->stdin_buf.len >= DP_EXEC_STDIN_HIGH && !e->reading_paused && e->ws != NULL) {
-      e->reading_paused = 1;
-      osr_ws_read_stop(e->ws);
-    }
-    ops_kick(e);
-    return;
-  case 4:
+  if (ch == 0)
+    on_stdin(e, p, n);
+  else if (ch == 4)
     on_resize(e, p, n);
-    return;
-  case 255:
-    /* v5: the client closed one of its streams; only stdin is meaningful. */
-    if (e->v5 && n >= 1 && p[0] == 0 && e->want_stdin) {
-      e->stdin_close_req = 1;
-      ops_kick(e);
-    }
-    return;
-  default:
-    return;
-  }
+  else if (ch == 255 && e->v5)
+    on_close_channel(e, p, n);
 }
 
-static void ws_on_writable(osr_ws_t *ws, void *data)
+/* The client can take more output: the pending frame, then the status and
+ * the close, or more frames from the held upstream chunk. */
+static void on_client_writable(dp_exec_t *e)
 {
-  dp_exec_t *e = data;
-  (void)ws;
   e->busy++;
   if (out_flush(e) == 0) {
     if (e->status_queued)
@@ -1124,6 +1217,12 @@ static void ws_on_writable(osr_ws_t *ws, void *data)
   }
   e->busy--;
   exec_maybe_free(e);
+}
+
+static void ws_on_writable(osr_ws_t *ws, void *data)
+{
+  (void)ws;
+  on_client_writable(data);
 }
 
 static void ws_on_close(osr_ws_t *ws, int code, const osr_iovec_t *reason, void *data)
@@ -1141,18 +1240,162 @@ static void ws_on_close(osr_ws_t *ws, int code, const osr_iovec_t *reason, void 
 static const osr_ws_events_t ws_events = {NULL, ws_on_message, ws_on_writable, ws_on_close};
 
 /* ========================================================================== */
+/* The HTTP stream transport: POST .../exec, frames both ways                  */
+
+static void h_written(osr_http_req_t *req, int status, void *arg)
+{
+  dp_exec_t *e = arg;
+  (void)req;
+  e->hwriting = 0;
+  e->hout.len = 0;
+  if (status != 0 || e->hreq == NULL) {
+    exec_maybe_free(e);
+    return;
+  }
+  if (e->hend_pending && !e->hend_sent) {
+    e->hend_sent = 1;
+    e->hend_pending = 0;
+    if (osr_http_write(e->hreq, NULL, 0, 1, h_written, e) == 0)
+      e->hwriting = 1;
+    else
+      osr_http_abort(e->hreq);
+    return;
+  }
+  on_client_writable(e);
+}
+
+static void h_frame_done(dp_exec_t *e)
+{
+  const char *p = osr_buf_data(&e->fsmall);
+  if (e->fch == 4)
+    on_resize(e, p, e->fsmall.len);
+  else if (e->fch == 255)
+    on_close_channel(e, p, e->fsmall.len);
+  e->fsmall.len = 0;
+  e->fhdr_len = 0;
+  e->fch = -1;
+}
+
+/* Request body: frames (4-byte big-endian length of channel + payload, the
+ * channel byte, the payload). Stdin payload streams into stdin_buf without
+ * waiting for its frame to complete; resize/close payloads are small. */
+static void h_on_body(osr_http_req_t *req, const osr_iovec_t *chunk, int status)
+{
+  dp_exec_t *e = req->data;
+  if (status != 0) {
+    /* The body ended: that closes stdin, as the close channel would. A cut
+     * frame is dropped. */
+    if (status == OSR_EOF && e->want_stdin && !e->stdin_close_req) {
+      e->stdin_close_req = 1;
+      ops_kick(e);
+    }
+    return;
+  }
+  const char *p = chunk->base;
+  size_t n = chunk->len;
+  while (n > 0 && !e->finishing && !e->ended) {
+    if (e->fch < 0) {
+      size_t k = 5 - e->fhdr_len;
+      if (k > n)
+        k = n;
+      for (size_t i = 0; i < k; i++) {
+        if (e->fhdr_len < 4)
+          e->fhdr[e->fhdr_len] = (uint8_t)p[i];
+        else
+          e->fch = (unsigned char)p[i];
+        e->fhdr_len++;
+      }
+      p += k;
+      n -= k;
+      if (e->fch < 0)
+        continue;
+      uint32_t len = (uint32_t)e->fhdr[0] << 24 | (uint32_t)e->fhdr[1] << 16 |
+                     (uint32_t)e->fhdr[2] << 8 | e->fhdr[3];
+      if (len == 0 || (e->fch != 0 && len > 4096)) {
+        send_failure(e, 400, "BadRequest", "malformed input frame");
+        break;
+      }
+      e->frem = len - 1;
+      if (e->frem == 0)
+        h_frame_done(e);
+      continue;
+    }
+    size_t k = e->frem < n ? e->frem : n;
+    if (e->fch == 0)
+      on_stdin(e, p, k);
+    else if ((e->fch == 4 || e->fch == 255) && osr_buf_append(&e->fsmall, p, k) != 0)
+      e->fsmall.len = 0;
+    p += k;
+    n -= k;
+    e->frem -= (uint32_t)k;
+    if (e->frem == 0)
+      h_frame_done(e);
+  }
+  /* Above the stdin watermark (or before the pid is known) the chunk is
+   * held, which stops the connection (HTTP/1.1) or the stream's window
+   * (HTTP/2) until SendInput drained it. */
+  if (e->stdin_buf.len >= DP_EXEC_STDIN_HIGH || (e->pid <= 0 && e->stdin_buf.len > 0)) {
+    e->reading_paused = 1;
+    e->hheld = 1;
+    osr_http_req_hold(req);
+  }
+}
+
+static void h_on_done(osr_http_req_t *req, int status)
+{
+  dp_exec_t *e = req->data;
+  OSR_LOG_DEBUG(MOD, "exec %s pid %lld: HTTP stream over (%s), %llu output bytes", e->sid,
+                (long long)e->pid, status == 0 ? "ok" : osr_strerror(status),
+                (unsigned long long)e->offset);
+  e->hreq = NULL;
+  e->out_pending = 0;
+  exec_finish(e);
+}
+
+/* ========================================================================== */
 /* Entry points                                                                */
 
 static const char *const subprotocols[] = {"v5.channel.k8s.io", "v4.channel.k8s.io"};
+
+static void exec_link(osr_dataplane_t *dp, dp_exec_t *e);
+static void exec_connect(dp_exec_t *e);
+
+/* POST: answer 200 at once (the response body is the output frames), read
+ * the request body as input frames. HTTP/2 carries both directions at once;
+ * HTTP/1.1 does too with a chunked request body, for clients that send the
+ * body while reading the response. */
+static void exec_http_start(osr_dataplane_t *dp, osr_http_req_t *req, dp_exec_t *e)
+{
+  osr_http_header_t h[2] = {
+      {OSR_IOV_LIT("content-type"), OSR_IOV_LIT(DP_EXEC_CONTENT_TYPE)},
+      {OSR_IOV_LIT("cache-control"), OSR_IOV_LIT("no-store")},
+  };
+  if (osr_http_respond(req, 200, h, 2, -1) != 0) {
+    osr_http_abort(req);
+    exec_discard(e);
+    return;
+  }
+  e->hreq = req;
+  e->v5 = 1;
+  req->data = e;
+  req->on_body = h_on_body;
+  req->on_done = h_on_done;
+  exec_link(dp, e);
+  OSR_LOG_DEBUG(MOD, "%s: exec %s on %s (HTTP/%s stream)", req->peer, e->start_method, e->sid,
+                req->version == 20 ? "2" : "1.1");
+  exec_connect(e);
+}
 
 void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
                   const char *sid)
 {
   const osr_iovec_t *up = osr_http_req_header(req, "upgrade");
-  if (up == NULL || up->len != 9 || strncasecmp(up->base, "websocket", 9) != 0) {
+  int is_ws = up != NULL && up->len == 9 && strncasecmp(up->base, "websocket", 9) == 0;
+  int is_post = req->method.len == 4 && memcmp(req->method.base, "POST", 4) == 0;
+  if (!is_ws && !is_post) {
     osr__dp_error(req, 400, sid,
-                  "the exec console is a WebSocket (subprotocol v5.channel.k8s.io or "
-                  "v4.channel.k8s.io)");
+                  "exec is a WebSocket (subprotocol v5.channel.k8s.io or v4.channel.k8s.io) "
+                  "or a POST stream (" DP_EXEC_CONTENT_TYPE ")");
     return;
   }
   exec_query_t q;
@@ -1179,12 +1422,19 @@ void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, in
   query_dispose(&q);
   osr_cx_parser_init(&e->cx, DP_EXEC_FRAME_MAX);
   osr_buf_init(&e->out, DP_EXEC_FRAME_MAX);
+  osr_buf_init(&e->hout, DP_EXEC_FRAME_MAX);
+  osr_buf_init(&e->fsmall, 4096);
+  e->fch = -1;
   osr_buf_init(&e->errbody, DP_EXEC_ERRBODY_MAX);
   osr_buf_init(&e->op_body, osr_b64_enc_len(DP_EXEC_INPUT_CHUNK) + 256);
   osr_buf_init(&e->stdin_buf, DP_EXEC_STDIN_MAX);
   if (e->start_body == NULL) {
     osr__dp_error(req, 500, sid, "out of memory");
     exec_discard(e);
+    return;
+  }
+  if (!is_ws) {
+    exec_http_start(dp, req, e);
     return;
   }
   osr_ws_opts_t wo;
@@ -1199,11 +1449,7 @@ void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, in
   }
   const char *proto = osr_ws_subprotocol(e->ws);
   e->v5 = proto != NULL && strcmp(proto, "v5.channel.k8s.io") == 0;
-  dp->nstreams++;
-  e->next = dp->execs;
-  if (dp->execs != NULL)
-    dp->execs->prev = e;
-  dp->execs = e;
+  exec_link(dp, e);
   /* Input needs the pid: hold the client until the start event. */
   e->reading_paused = 1;
   osr_ws_read_stop(e->ws);
@@ -1214,9 +1460,24 @@ void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, in
     return;
   }
   OSR_LOG_DEBUG(MOD, "%s: exec %s on %s (%s)", req->peer, e->start_method, sid, proto);
+  exec_connect(e);
+}
+
+static void exec_link(osr_dataplane_t *dp, dp_exec_t *e)
+{
+  dp->nstreams++;
+  e->next = dp->execs;
+  if (dp->execs != NULL)
+    dp->execs->prev = e;
+  dp->execs = e;
+}
+
+static void exec_connect(dp_exec_t *e)
+{
+  osr_dataplane_t *dp = e->dp;
   osr_http_client_opts_t o;
   memset(&o, 0, sizeof(o));
-  o.tls = tls ? dp->client_tls : NULL;
+  o.tls = e->tls ? dp->client_tls : NULL;
   o.connect_timeout_ms = DP_EXEC_CONNECT_MS;
   o.idle_timeout_ms = dp->cfg.upstream_idle_ms;
   o.limits.max_body = UINT64_MAX / 2; /* streamed */
