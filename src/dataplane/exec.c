@@ -37,17 +37,17 @@
 
 #define MOD OSR_DP_MOD
 
-#define DP_EXEC_MAX_ARGS    256
-#define DP_EXEC_MAX_QUERY   65536
-#define DP_EXEC_MAX_MESSAGE (1024 * 1024) /* one client message */
-#define DP_EXEC_WS_QUEUE    (512 * 1024)  /* output queued towards the client */
-#define DP_EXEC_STDIN_MAX   (4 * 1024 * 1024)
-#define DP_EXEC_STDIN_HIGH  (256 * 1024) /* stop reading the client above */
-#define DP_EXEC_STDIN_LOW   (64 * 1024)  /* resume below */
-#define DP_EXEC_INPUT_CHUNK (64 * 1024)  /* raw bytes per SendInput */
-#define DP_EXEC_FRAME_MAX   (256 * 1024) /* Connect frame from the agent */
-#define DP_EXEC_ERRBODY_MAX 4096
-#define DP_EXEC_CONNECT_MS  10000
+#define DP_EXEC_MAX_ARGS     256
+#define DP_EXEC_MAX_QUERY    65536
+#define DP_EXEC_MAX_MESSAGE  (1024 * 1024) /* one client message */
+#define DP_EXEC_WS_QUEUE     (512 * 1024)  /* output queued towards the client */
+#define DP_EXEC_STDIN_MAX    (4 * 1024 * 1024)
+#define DP_EXEC_STDIN_HIGH   (256 * 1024) /* stop reading the client above */
+#define DP_EXEC_STDIN_LOW    (64 * 1024)  /* resume below */
+#define DP_EXEC_INPUT_CHUNK  (64 * 1024)  /* raw bytes per SendInput */
+#define DP_EXEC_FRAME_MAX    (256 * 1024) /* Connect frame from the agent */
+#define DP_EXEC_ERRBODY_MAX  4096
+#define DP_EXEC_CONNECT_MS   10000
 #define DP_EXEC_CONTENT_TYPE "application/vnd.osr.exec-frames"
 
 typedef struct dp_exec_s dp_exec_t;
@@ -77,7 +77,7 @@ struct dp_exec_s {
   int holding;
   osr_buf_t out; /* one WebSocket message: channel byte + payload */
   int out_pending;
-  int64_t pid; /* -1 until the start event */
+  int64_t pid;     /* -1 until the start event */
   uint64_t offset; /* output bytes seen (absolute, the agent's numbering) */
   int ended;       /* the status is decided: no more output */
   int status_sent; /* decided (status_msg or queued) */
@@ -103,11 +103,11 @@ struct dp_exec_s {
   osr_http_req_t *hreq; /* NULL once on_done fired */
   osr_buf_t hout;       /* the frame being written (until h_written) */
   int hwriting, hend_pending, hend_sent, hheld;
-  uint8_t fhdr[4];      /* input frame parser: length prefix, channel, payload */
+  uint8_t fhdr[4]; /* input frame parser: length prefix, channel, payload */
   size_t fhdr_len;
-  int fch;              /* channel of the frame being read, -1 = in the header */
-  uint32_t frem;        /* payload bytes still to come */
-  osr_buf_t fsmall;     /* payload of a resize / close frame */
+  int fch;          /* channel of the frame being read, -1 = in the header */
+  uint32_t frem;    /* payload bytes still to come */
+  osr_buf_t fsmall; /* payload of a resize / close frame */
   /* lifetime */
   int finishing;
   int closing_ws;
@@ -129,8 +129,8 @@ static int sid_ok(const char *p, size_t n)
     return 0;
   for (size_t i = 0; i < n; i++) {
     char c = p[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '-' || c == '_'))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+          c == '_'))
       return 0;
   }
   return 1;
@@ -286,8 +286,8 @@ static const char *parse_query(osr_iovec_t q, exec_query_t *o)
         why = "too many command arguments";
       else
         json_array_append_new(o->argv, json_stringn(val, (size_t)vl));
-      if (json_array_size(o->argv) > 0 && json_string_value(json_array_get(o->argv,
-                                              json_array_size(o->argv) - 1)) == NULL)
+      if (json_array_size(o->argv) > 0 &&
+          json_string_value(json_array_get(o->argv, json_array_size(o->argv) - 1)) == NULL)
         why = "command is not valid UTF-8";
     } else if (strcmp(key, "stdin") == 0) {
       why = parse_bool(val, &b) == 0 ? NULL : "stdin must be true or false";
@@ -415,8 +415,9 @@ static void exec_discard(dp_exec_t *e)
 
 static void exec_maybe_free(dp_exec_t *e)
 {
-  if (e->busy || e->ws != NULL || e->hreq != NULL || e->hwriting || e->sc != NULL || e->cc != NULL || e->screq != NULL ||
-      e->ccreq != NULL || e->sc_connecting || e->cc_connecting || e->sc_writing || e->cc_writing)
+  if (e->busy || e->ws != NULL || e->hreq != NULL || e->hwriting || e->sc != NULL ||
+      e->cc != NULL || e->screq != NULL || e->ccreq != NULL || e->sc_connecting ||
+      e->cc_connecting || e->sc_writing || e->cc_writing)
     return;
   osr_dataplane_t *dp = e->dp;
   if (e->prev != NULL)
@@ -629,8 +630,8 @@ static void send_status_json(dp_exec_t *e, json_t *st)
 
 static void send_failure(dp_exec_t *e, int code, const char *reason, const char *msg)
 {
-  json_t *st = json_pack("{s:{},s:s,s:s,s:s,s:i}", "metadata", "status", "Failure", "message",
-                         msg, "reason", reason, "code", code);
+  json_t *st = json_pack("{s:{},s:s,s:s,s:s,s:i}", "metadata", "status", "Failure", "message", msg,
+                         "reason", reason, "code", code);
   send_status_json(e, st);
 }
 
@@ -641,12 +642,21 @@ static int signal_number(const char *status)
   static const struct {
     const char *name;
     int num;
-  } tab[] = {{"hangup", 1},           {"interrupt", 2},     {"quit", 3},
-             {"illegal instruction", 4}, {"trace/breakpoint trap", 5},
-             {"aborted", 6},          {"bus error", 7},     {"floating point exception", 8},
-             {"killed", 9},           {"user defined signal 1", 10},
-             {"segmentation fault", 11}, {"user defined signal 2", 12},
-             {"broken pipe", 13},     {"alarm clock", 14},  {"terminated", 15}};
+  } tab[] = {{"hangup", 1},
+             {"interrupt", 2},
+             {"quit", 3},
+             {"illegal instruction", 4},
+             {"trace/breakpoint trap", 5},
+             {"aborted", 6},
+             {"bus error", 7},
+             {"floating point exception", 8},
+             {"killed", 9},
+             {"user defined signal 1", 10},
+             {"segmentation fault", 11},
+             {"user defined signal 2", 12},
+             {"broken pipe", 13},
+             {"alarm clock", 14},
+             {"terminated", 15}};
   if (status == NULL || strncmp(status, "signal: ", 8) != 0)
     return 0;
   for (size_t i = 0; i < OSR_ARRAY_SIZE(tab); i++)
@@ -672,8 +682,8 @@ static void on_end_event(dp_exec_t *e, json_t *end)
   snprintf(msg, sizeof(msg), "command terminated with non-zero exit code: %s",
            status != NULL ? status : num);
   json_t *st = json_pack("{s:{},s:s,s:s,s:s,s:{s:[{s:s,s:s}]}}", "metadata", "status", "Failure",
-                         "message", msg, "reason", "NonZeroExitCode", "details", "causes",
-                         "reason", "ExitCode", "message", num);
+                         "message", msg, "reason", "NonZeroExitCode", "details", "causes", "reason",
+                         "ExitCode", "message", num);
   send_status_json(e, st);
 }
 
@@ -1091,9 +1101,9 @@ static void ops_kick(dp_exec_t *e)
     if (e->resize_pending && e->tty) {
       e->resize_pending = 0;
       e->op_method = "Update";
-      rv = osr_buf_appendf(&e->op_body,
-                           "{\"process\":{\"pid\":%lld},\"pty\":{\"size\":{\"cols\":%u,\"rows\":%u}}}",
-                           (long long)e->pid, e->cols, e->rows);
+      rv = osr_buf_appendf(
+          &e->op_body, "{\"process\":{\"pid\":%lld},\"pty\":{\"size\":{\"cols\":%u,\"rows\":%u}}}",
+          (long long)e->pid, e->cols, e->rows);
     } else if (e->stdin_buf.len > 0 && !e->stdin_closed) {
       size_t n = e->stdin_buf.len < DP_EXEC_INPUT_CHUNK ? e->stdin_buf.len : DP_EXEC_INPUT_CHUNK;
       osr_iovec_t tail;

@@ -14,6 +14,13 @@
  *     causes: SendInput (channel 0), CloseStdin (channel 255, v5), Update
  *     (channel 4 resize of a pty). One call in flight at a time.
  *
+ * The same session also runs over HTTP (POST to the same paths, HTTP/2 or
+ * HTTP/1.1 with a chunked body): the request body carries input frames and
+ * the response body output frames, each a 4-byte big-endian length of the
+ * channel byte + payload, then the channel byte, then the payload (a
+ * WebSocket message with a length prefix). The end of the request body
+ * closes stdin. Channel 5 carries the osrInfo JSON there.
+ *
  * Backpressure: output is parsed and sent one Connect frame at a time; when
  * the WebSocket's outgoing queue is full the upstream chunk is held (the
  * agent socket stops reading, the agent's ring fills, the process blocks in
@@ -35,7 +42,9 @@
 int osr__dp_exec_route(const osr_http_req_t *req, dp_route_t *rt);
 
 /** Serve an authorised exec request: validate the query (400 on errors,
- *  nothing sent to the agent), accept the WebSocket and start the session.
+ *  nothing sent to the agent), accept the WebSocket (GET + Upgrade) or
+ *  answer 200 to a POST stream, and start the session (any other request:
+ *  400).
  *  `addr`/`tls` reach the agent (osr__dp_endpoint), `sid` names the sandbox
  *  (for the agent token). Answers the request in every case. */
 void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
