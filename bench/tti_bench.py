@@ -5,7 +5,17 @@ output, per isolation class, cold and from the warm pool, sequential and as
 a burst of concurrent creates. Reports median, p95, p99 and success rate.
 
   bench/tti_bench.py --build build-release [--classes container,gvisor]
-                     [-n 100] [--burst 100] [--warm N]
+                     [-n 100] [--burst 100] [--warm N] [--repeat R]
+                     [--client-cpu C]
+
+With --repeat R every (class, pool, run) is measured R times, interleaved
+(all classes and modes once, then again), and the table reports the median
+of the R p50/p95/p99 values with the range of the p50s: on a shared machine
+one run's median moves by +-30 % with the load, which is printed per run.
+--client-cpu pins this process (the client side: the JSON pipe to the
+driver, the HTTP client) to one CPU, as `taskset -c C` would; the driver and
+the sandboxes it starts are not pinned (pinning would change what a sandbox
+sees: gVisor sizes its sentry by the CPUs it may use).
 
 It drives the adapter through tests/integration/local/local_driver (one
 process = one "gateway"), runs `echo ready` through the osr-agent of each new
@@ -117,6 +127,65 @@ def wait_pool(state, cls, want, timeout=120):
     return False
 
 
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def measure(T, args, cls, mode):
+    """One driver (= one gateway) for `cls` in `mode`: the sequential run,
+    then the burst. Returns [(kind, result)]."""
+    out = []
+    state = tempfile.mkdtemp(prefix="osr-tti-", dir="/tmp")
+    os.chmod(state, 0o711)
+    cfg = {"warm_pool": {cls: args.warm}} if mode == "warm" else {}
+    cpus = os.sched_getaffinity(0)
+    d = T.Driver(state, **cfg)
+    if args.client_cpu is not None:
+        # The driver was forked unpinned; from here on this thread and the
+        # threads it starts (the burst's clients) run on one CPU.
+        os.sched_setaffinity(0, {args.client_cpu})
+    for kind, n, conc in (("sequential", args.n, False), ("burst", args.burst, True)):
+        if n <= 0:
+            continue
+        load0 = loadavg()
+        if mode == "warm" and not wait_pool(state, cls, 1):
+            out.append((kind, {"n": n, "ok": 0, "success": 0.0, "p50": float("nan"),
+                               "p95": float("nan"), "p99": float("nan"),
+                               "errors": ["pool never filled"], "load": load0}))
+            continue
+        if mode == "warm" and not conc:
+            # Sequential warm: let the pool refill between creates.
+            results, lock = [], threading.Lock()
+            for _ in range(n):
+                wait_pool(state, cls, 1, timeout=30)
+                one(d, cls, results, lock)
+            for _, _, _, pid in results:
+                if pid:
+                    d.call("destroy", provider_id=pid, timeout=120)
+            good = [ms for ok, ms, _, _ in results if ok]
+            r = {"n": n, "ok": len(good), "success": len(good) / float(n),
+                 "p50": statistics.median(good) if good else float("nan"),
+                 "p95": pct(good, 95), "p99": pct(good, 99),
+                 "errors": sorted({st for ok, _, st, _ in results if not ok})}
+        else:
+            r = run(d, cls, n, conc)
+        r["load"] = (load0 + loadavg()) / 2
+        out.append((kind, r))
+        print("%-9s %-4s %-10s n=%-4d ok=%-4d p50=%8.1f ms  p95=%8.1f ms  p99=%8.1f ms  load %.1f  %s" % (
+            cls, mode, kind, r["n"], r["ok"], r["p50"], r["p95"], r["p99"], r["load"],
+            ",".join(r["errors"])), flush=True)
+    os.sched_setaffinity(0, cpus)
+    d.close()
+    left = [n for n in os.listdir(state) if n.startswith("l")]
+    if left:
+        print("warning: %d sandboxes left in %s" % (len(left), state), file=sys.stderr)
+    else:
+        import shutil
+        shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
@@ -125,64 +194,36 @@ def main():
     ap.add_argument("--burst", type=int, default=100)
     ap.add_argument("--warm", type=int, default=1, help="warm pool size for the warm runs")
     ap.add_argument("--modes", default="cold,warm", help="cold, warm or both")
+    ap.add_argument("--repeat", type=int, default=1, help="measure every row this many times")
+    ap.add_argument("--client-cpu", type=int, default=None, help="pin the client to this CPU")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ["OSR_LOCAL_DRIVER"] = os.path.join(build, "tests", "integration", "local", "local_driver")
     os.environ.setdefault("OSR_AGENT", os.path.join(build, "src", "osr-agent"))
     import test_local as T
-    rows = []
+    classes = []
     for cls in args.classes.split(","):
         why = T.runtime_problem(cls)
         if why:
             print("%s: skipped (%s)" % (cls, why), file=sys.stderr)
             continue
-        for mode in args.modes.split(","):
-            state = tempfile.mkdtemp(prefix="osr-tti-", dir="/tmp")
-            os.chmod(state, 0o711)
-            cfg = {"warm_pool": {cls: args.warm}} if mode == "warm" else {}
-            d = T.Driver(state, **cfg)
-            for kind, n, conc in (("sequential", args.n, False), ("burst", args.burst, True)):
-                if n <= 0:
-                    continue
-                if mode == "warm" and not wait_pool(state, cls, 1):
-                    rows.append((cls, mode, kind, {"n": n, "ok": 0, "success": 0.0, "p50": float("nan"),
-                                                   "p95": float("nan"), "p99": float("nan"),
-                                                   "errors": ["pool never filled"]}))
-                    continue
-                if mode == "warm" and not conc:
-                    # Sequential warm: let the pool refill between creates.
-                    results, lock = [], threading.Lock()
-                    for _ in range(n):
-                        wait_pool(state, cls, 1, timeout=30)
-                        one(d, cls, results, lock)
-                    for _, _, _, pid in results:
-                        if pid:
-                            d.call("destroy", provider_id=pid, timeout=120)
-                    good = [ms for ok, ms, _, _ in results if ok]
-                    r = {"n": n, "ok": len(good), "success": len(good) / float(n),
-                         "p50": statistics.median(good) if good else float("nan"),
-                         "p95": pct(good, 95), "p99": pct(good, 99),
-                         "errors": sorted({st for ok, _, st, _ in results if not ok})}
-                else:
-                    r = run(d, cls, n, conc)
-                rows.append((cls, mode, kind, r))
-                print("%-9s %-4s %-10s n=%-4d ok=%-4d p50=%8.1f ms  p95=%8.1f ms  p99=%8.1f ms  %s" % (
-                    cls, mode, kind, r["n"], r["ok"], r["p50"], r["p95"], r["p99"],
-                    ",".join(r["errors"])), flush=True)
-            d.close()
-            left = [n for n in os.listdir(state) if n.startswith("l")]
-            if left:
-                print("warning: %d sandboxes left in %s" % (len(left), state), file=sys.stderr)
-            else:
-                import shutil
-                shutil.rmtree(state, ignore_errors=True)
+        classes.append(cls)
+    rows = {}  # (cls, mode, kind) -> [result per repetition]
+    for _ in range(args.repeat):
+        for cls in classes:
+            for mode in args.modes.split(","):
+                for kind, r in measure(T, args, cls, mode):
+                    rows.setdefault((cls, mode, kind), []).append(r)
     print()
-    print("| class | pool | run | n | success | p50 ms | p95 ms | p99 ms | errors |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for cls, mode, kind, r in rows:
-        print("| %s | %s | %s | %d | %.0f %% | %.1f | %.1f | %.1f | %s |" % (
-            cls, mode, kind, r["n"], 100 * r["success"], r["p50"], r["p95"], r["p99"],
-            ", ".join(r["errors"]) or "-"))
+    print("| class | pool | run | n | success | p50 ms | p95 ms | p99 ms | p50 range | load | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (cls, mode, kind), rs in rows.items():
+        med = lambda k: statistics.median([r[k] for r in rs])  # noqa: E731
+        p50s = [r["p50"] for r in rs]
+        print("| %s | %s | %s | %d x %d | %.0f %% | %.1f | %.1f | %.1f | %.1f-%.1f | %.1f | %s |" % (
+            cls, mode, kind, len(rs), rs[0]["n"], 100 * min(r["success"] for r in rs), med("p50"),
+            med("p95"), med("p99"), min(p50s), max(p50s), med("load"),
+            ", ".join(sorted({e for r in rs for e in r["errors"]})) or "-"))
 
 
 if __name__ == "__main__":

@@ -230,6 +230,10 @@ class Gateway(unittest.TestCase):
             self.assertEqual(r.stdout.split(), [])
         self.live.clear()
         s2.stop()
+        # A clean stop with no sandbox left removes the gateway's own
+        # /run/osr/local-<hash> root (it used to stay behind, empty).
+        self.assertFalse(os.path.exists(root), "%s left behind: %r" % (
+            root, os.listdir(root) if os.path.isdir(root) else None))
 
 
 if __name__ == "__main__":

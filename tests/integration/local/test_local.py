@@ -534,6 +534,48 @@ class Restart(Base):
             self.assertEqual(r.stdout.split(), [])
         self.assertEqual([n for n in os.listdir(self.state) if n.startswith("l")], [])
 
+    def test_private_state_dir_root_is_removed(self):
+        # A state dir that sandbox uids cannot traverse (under a 0700
+        # directory, as root's $HOME) moves to /run/osr/local-<hash of the
+        # state dir>. That root is the provider's alone: it must stay while
+        # a sandbox lives in it (a restarted provider finds it there) and be
+        # gone once the last sandbox is destroyed and the provider closes,
+        # or every such gateway leaves an empty directory behind.
+        classes = ["container"] + ([] if runtime_problem("gvisor") else ["gvisor"])
+        priv = tempfile.mkdtemp(prefix="osr-private-", dir="/tmp")  # 0700
+        sd = os.path.join(priv, "local")
+        root = None
+        try:
+            d = Driver(sd)
+            made = [self.create(d, cls=c) for c in classes]
+            # <root>/<provider id>/run/agent.sock
+            root = os.path.dirname(os.path.dirname(os.path.dirname(made[0].sock)))
+            self.assertTrue(root.startswith("/run/osr/local-"), root)
+            for sb in made:
+                self.assertEqual(sb.sock, os.path.join(root, sb.id, "run", "agent.sock"))
+            d.close()  # sandboxes keep running: the root stays
+            self.assertEqual(sorted(n for n in os.listdir(root) if n.startswith("l")),
+                             sorted(sb.id for sb in made))
+            d = Driver(sd)
+            self.assertEqual(len(d.call("list")["resources"]), len(made))
+            for sb in made:
+                self.assertEqual(sb.start("echo still")[1], b"still\n")
+                self.assertEqual(d.call("destroy", provider_id=sb.id)["status"], "ok")
+            d.close()
+            self.assertFalse(os.path.exists(root), "empty %s left behind: %r" % (
+                root, os.listdir(root) if os.path.isdir(root) else None))
+        finally:
+            if root is not None and os.path.isdir(root):
+                left = [n for n in os.listdir(root) if n.startswith("l")]
+                if left:
+                    d = Driver(sd)
+                    d.call("list")
+                    for n in left:
+                        d.call("destroy", provider_id=n)
+                    d.close()
+                shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(priv, ignore_errors=True)
+
 
 class WarmPool(Base):
     CLASS = "container"
