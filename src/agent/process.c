@@ -18,8 +18,18 @@
  *
  * Children are spawned detached (setsid), so each is a process-group leader
  * and signals and shutdown reach everything it started.
+ *
+ * A pty child must also make the pty its controlling terminal, or a shell
+ * on it has no job control, Ctrl-C sends nothing and a resize sends no
+ * SIGWINCH. That takes TIOCSCTTY in the child between setsid() and exec,
+ * and libuv's spawn has no hook there; so a pty child is spawned as
+ * /proc/self/exe with the argv[0] PTY_EXEC_ARGV0, and this file's
+ * constructor, which runs before osr-agent's main() (no threads, no loop,
+ * nothing opened yet), claims the terminal on fd 0 and execs the command in
+ * the same process: the pid libuv watches is the command's.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pty.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,6 +45,39 @@
 #include "util/mem.h"
 
 enum { KIND_STDOUT = 1, KIND_STDERR = 2, KIND_PTY = 3 };
+
+/* argv[0] of osr-agent re-executed as the pty trampoline; argv[1..] is the
+ * command. Not a flag: main() never sees it. */
+#define PTY_EXEC_ARGV0 "osr-agent:pty-exec"
+#define PTY_EXEC_SELF  "/proc/self/exe"
+/* After a pty process exited, its output ends at the master's EIO or after
+ * this long without output, whichever comes first (on_pty_grace). */
+#define PTY_EXIT_GRACE_MS 250
+
+/* The pty trampoline (see the top of the file). glibc passes a constructor
+ * main's argc/argv/envp. The child is a session leader already (libuv's
+ * detached spawn called setsid()) with the pty slave on fds 0-2, so
+ * TIOCSCTTY makes it the controlling terminal (login_tty semantics), and
+ * the shell becomes the terminal's foreground process group. On failure
+ * the reason goes to the terminal and the exit status is the shell's: 127
+ * for a command that is not found, 126 otherwise. */
+__attribute__((constructor)) static void pty_exec_trampoline(int argc, char **argv, char **envp)
+{
+  (void)envp;
+  if (argc < 2 || argv == NULL || argv[0] == NULL || strcmp(argv[0], PTY_EXEC_ARGV0) != 0)
+    return;
+  if (ioctl(STDIN_FILENO, TIOCSCTTY, 0) != 0) {
+    dprintf(STDERR_FILENO, "osr-agent: cannot make the pty the controlling terminal: %s\r\n",
+            strerror(errno));
+    _exit(126);
+  }
+  /* environ is the child's environment here (uv_spawn's env), so execvp
+   * searches the PATH the command was given, as for a pipe child. */
+  execvp(argv[1], argv + 1);
+  int e = errno;
+  dprintf(STDERR_FILENO, "osr-agent: exec %s: %s\r\n", argv[1], strerror(e));
+  _exit(e == ENOENT ? 127 : 126);
+}
 
 #define STDIN_QUEUE_MAX (16 * 1024 * 1024)
 #define KEEPALIVE_EVENT "{\"event\":{\"keepalive\":{}}}"
@@ -75,6 +118,7 @@ struct agent_proc_s {
 
 static void proc_pump_all(agent_proc_t *p);
 static void proc_update_reading(agent_proc_t *p);
+static void on_pty_grace(uv_timer_t *t);
 static void proc_close(agent_proc_t *p);
 
 /* ---- lookup ------------------------------------------------------------------------ */
@@ -207,6 +251,8 @@ static void on_pipe_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
   int is_err = s == (uv_stream_t *)&p->err;
   if (nread > 0) {
     int kind = p->is_pty ? KIND_PTY : is_err ? KIND_STDERR : KIND_STDOUT;
+    if (p->is_pty && p->exited)
+      uv_timer_start(&p->deadline, on_pty_grace, PTY_EXIT_GRACE_MS, 0); /* still talking */
     osr_ring_append(&p->ring, kind, buf->base, (size_t)nread);
     proc_pump_all(p);
     proc_update_reading(p);
@@ -386,6 +432,27 @@ static sub_t *sub_attach(agent_proc_t *p, agent_call_t *call, uint64_t cursor, i
 
 /* ---- exit and deadline --------------------------------------------------------------- */
 
+/* A pty master reports EIO only once every slave fd is closed: a background
+ * job the shell left behind keeps one open for as long as it runs, and
+ * gVisor (runsc 2022-12) never reports it at all. So once the process has
+ * exited, PTY_EXIT_GRACE_MS without output also ends its output (envd too
+ * ends a pty with its process). Not while a slow client holds reading off:
+ * the output is still there to be read. */
+static void on_pty_grace(uv_timer_t *t)
+{
+  agent_proc_t *p = t->data;
+  if (p->ended || !p->out_open)
+    return;
+  if (!p->reading) {
+    uv_timer_start(t, on_pty_grace, PTY_EXIT_GRACE_MS, 0);
+    return;
+  }
+  uv_read_stop((uv_stream_t *)&p->out);
+  p->out_open = 0;
+  p->in_open = 0;
+  maybe_end(p);
+}
+
 static void on_exit_cb(uv_process_t *ph, int64_t exit_status, int term_signal)
 {
   agent_proc_t *p = ph->data;
@@ -393,6 +460,8 @@ static void on_exit_cb(uv_process_t *ph, int64_t exit_status, int term_signal)
   p->exit_status = exit_status;
   p->term_signal = term_signal;
   uv_timer_stop(&p->deadline);
+  if (p->is_pty && p->out_open && term_signal == 0)
+    uv_timer_start(&p->deadline, on_pty_grace, PTY_EXIT_GRACE_MS, 0);
   OSR_LOG_DEBUG("agent", "process %u exited: status %lld signal %d", p->pid, (long long)exit_status,
                 term_signal);
   maybe_end(p);
@@ -535,11 +604,16 @@ static void start_after(uv_work_t *w, int status)
   const char *cmd = json_string_value(json_object_get(proc, "cmd"));
   json_t *args = json_object_get(proc, "args");
   size_t nargs = json_is_array(args) ? json_array_size(args) : 0;
-  char **argv = osr_xcalloc(nargs + 2, sizeof(char *));
-  argv[0] = osr_xstrdup(cmd);
+  json_t *pty = json_object_get(msg, "pty");
+  /* A pty child runs through the trampoline: [PTY_EXEC_ARGV0, cmd, args...]. */
+  size_t a0 = json_is_object(pty) ? 1 : 0;
+  char **argv = osr_xcalloc(a0 + nargs + 2, sizeof(char *));
+  if (a0)
+    argv[0] = osr_xstrdup(PTY_EXEC_ARGV0);
+  argv[a0] = osr_xstrdup(cmd);
   for (size_t i = 0; i < nargs; i++) {
     json_t *x = json_array_get(args, i);
-    argv[i + 1] = osr_xstrdup(json_is_string(x) ? json_string_value(x) : "");
+    argv[a0 + i + 1] = osr_xstrdup(json_is_string(x) ? json_string_value(x) : "");
   }
   char **env = build_env(a, &j->user, json_object_get(proc, "envs"));
 
@@ -547,7 +621,6 @@ static void start_after(uv_work_t *w, int status)
   p->a = a;
   p->master_fd = -1;
   osr_ring_init(&p->ring, a->ring_bytes, 4096);
-  json_t *pty = json_object_get(msg, "pty");
   json_t *jstdin = json_object_get(msg, "stdin");
   /* Absent means enabled: SDKs older than envd 0.3.0 never send it. */
   int want_stdin = !json_is_false(jstdin);
@@ -558,7 +631,7 @@ static void start_after(uv_work_t *w, int status)
   memset(&o, 0, sizeof(o));
   memset(stdio, 0, sizeof(stdio));
   o.exit_cb = on_exit_cb;
-  o.file = cmd;
+  o.file = a0 ? PTY_EXEC_SELF : cmd;
   o.args = argv;
   o.env = env;
   o.cwd = j->cwd;
@@ -591,6 +664,10 @@ static void start_after(uv_work_t *w, int status)
     if (openpty(&p->master_fd, &slave, NULL, NULL, &ws) != 0) {
       rv = -errno;
     } else {
+      /* Neither end may leak into other children (libuv dup2s the slave
+       * onto fds 0-2, which clears the flag there). */
+      fcntl(p->master_fd, F_SETFD, FD_CLOEXEC);
+      fcntl(slave, F_SETFD, FD_CLOEXEC);
       for (int i = 0; i < 3; i++) {
         stdio[i].flags = UV_INHERIT_FD;
         stdio[i].data.fd = slave;
@@ -938,6 +1015,10 @@ void osr__agent_process_update(agent_call_t *call)
       agent_call_error(call, OSR_CX_INTERNAL, "resize: %s", strerror(errno));
       return;
     }
+    /* The kernel signals SIGWINCH to the terminal's foreground process
+     * group (the pty is the child's controlling terminal). gVisor (runsc
+     * 2022-12) does not, and answers TIOCGPGRP on the master with ENOTTY,
+     * so there is no group to signal from here: docs/agent.md. */
   }
   agent_call_reply(call, json_object());
 }

@@ -23,6 +23,7 @@
 
 typedef struct serve_dp_s {
   osr_dataplane_t *dp;
+  char domain[256]; /* the data plane's Host-form domain (its config points here) */
   void (*done)(void *arg);
   void *arg;
 } serve_dp_t;
@@ -33,6 +34,12 @@ static int dp_start(void *data, uv_loop_t *loop, const osr_gw_config_t *gcfg,
   serve_dp_t *s = data;
   osr_dataplane_config_t cfg;
   memset(&cfg, 0, sizeof(cfg));
+  /* The Host form <port>-<id>.<domain> for the domain the E2B front door
+   * hands out (getHost()); the data plane matches host names, so no port. */
+  if (osr_gw_e2b_domain(gcfg, s->domain, sizeof(s->domain)) == 0 && s->domain[0] != '\0') {
+    s->domain[strcspn(s->domain, ":")] = '\0';
+    cfg.domain = s->domain;
+  }
   cfg.listen[0] = gcfg->dataplane_listen != NULL ? gcfg->dataplane_listen : "127.0.0.1:7071";
   cfg.nlisten = 1;
   cfg.keyring = kr;

@@ -56,98 +56,15 @@ static char g_domain[256];
 /* ------------------------------------------------------------------------ */
 /* Configuration                                                             */
 
-/* E2B's own domains switch the SDK to https://sandbox.<domain> (its cloud)
- * when sandboxUrl is not set: never hand one out. */
-static int domain_is_e2b(const char *d)
-{
-  static const char *const own[] = {"e2b.app", "e2b.dev", "e2b.pro", "e2b-staging.dev"};
-  size_t n = strcspn(d, ":"); /* without a port */
-  for (size_t i = 0; i < OSR_ARRAY_SIZE(own); i++) {
-    size_t m = strlen(own[i]);
-    if (n == m && strncasecmp(d, own[i], m) == 0)
-      return 1;
-    if (n > m && d[n - m - 1] == '.' && strncasecmp(d + n - m, own[i], m) == 0)
-      return 1;
-  }
-  return 0;
-}
-
-/* A host name with an optional :port: [A-Za-z0-9.-], then [0-9]. */
-static int domain_valid(const char *d)
-{
-  size_t n = strlen(d);
-  if (n == 0 || n >= sizeof(g_domain))
-    return 0;
-  const char *colon = strchr(d, ':');
-  size_t hn = colon ? (size_t)(colon - d) : n;
-  if (hn == 0 || d[0] == '.' || d[0] == '-')
-    return 0;
-  for (size_t i = 0; i < hn; i++) {
-    char c = d[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-          c == '-'))
-      return 0;
-  }
-  if (colon != NULL) {
-    if (colon[1] == '\0')
-      return 0;
-    for (const char *p = colon + 1; *p; p++)
-      if (*p < '0' || *p > '9')
-        return 0;
-  }
-  return 1;
-}
-
-/* The data-plane URL's authority when its host is a DNS name that can carry
- * a wildcard (*.<domain>): an IP literal or "localhost" cannot, so those
- * give null and the SDK's own default applies (docs/e2b-compat.md). */
-static void domain_from_url(const char *url, char *out, size_t outlen)
-{
-  out[0] = '\0';
-  if (url == NULL)
-    return;
-  const char *p = strstr(url, "://");
-  p = p ? p + 3 : url;
-  size_t n = strcspn(p, "/?#");
-  if (n == 0 || n >= outlen || p[0] == '[') /* IPv6 literal */
-    return;
-  char auth[256];
-  snprintf(auth, sizeof(auth), "%.*s", (int)n, p);
-  size_t hn = strcspn(auth, ":");
-  int has_alpha = 0, has_dot = 0;
-  for (size_t i = 0; i < hn; i++) {
-    has_alpha |= (auth[i] >= 'a' && auth[i] <= 'z') || (auth[i] >= 'A' && auth[i] <= 'Z');
-    has_dot |= auth[i] == '.';
-  }
-  if (!has_alpha || !has_dot || !domain_valid(auth) || domain_is_e2b(auth))
-    return;
-  snprintf(out, outlen, "%s", auth);
-}
-
+/* The domain is configuration (e2b.domain / OSR_E2B_DOMAIN / --e2b-domain,
+ * checked by config.c, which also derives it from the data-plane URL when
+ * unset): read once here so every answer shares one buffer. */
 int osr_gw_e2b_init(osr_gw_t *gw)
 {
-  const char *env = getenv("OSR_E2B_DOMAIN");
   g_domain[0] = '\0';
-  if (env != NULL && env[0] != '\0') {
-    if (!domain_valid(env)) {
-      OSR_LOG_ERROR(MOD,
-                    "OSR_E2B_DOMAIN: \"%.100s\" is not a host name[:port]; the E2B front "
-                    "door answers domain null",
-                    env);
-      return OSR_EINVAL;
-    }
-    if (domain_is_e2b(env)) {
-      OSR_LOG_ERROR(MOD,
-                    "OSR_E2B_DOMAIN: \"%.100s\" is one of E2B's own domains (SDKs would "
-                    "send sandbox traffic to E2B); refused, answering domain null",
-                    env);
-      return OSR_EINVAL;
-    }
-    snprintf(g_domain, sizeof(g_domain), "%s", env);
+  if (gw->cfg == NULL)
     return 0;
-  }
-  domain_from_url(gw->cfg != NULL ? gw->cfg->dataplane_url : NULL, g_domain, sizeof(g_domain));
-  return 0;
+  return osr_gw_e2b_domain(gw->cfg, g_domain, sizeof(g_domain));
 }
 
 int osr_gw_e2b_path(const char *path, size_t len)

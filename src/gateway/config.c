@@ -1159,14 +1159,106 @@ static int providers_from_string(ld_t *ld, const src_t *src, const char *s)
   return 0;
 }
 
+/* ---- the E2B domain ---------------------------------------------------------- */
+
+/* E2B's own domains switch the SDK to https://sandbox.<domain> (E2B's cloud)
+ * when sandboxUrl is not set: never hand one out. */
+static int domain_is_e2b(const char *d)
+{
+  static const char *const own[] = {"e2b.app", "e2b.dev", "e2b.pro", "e2b-staging.dev"};
+  size_t n = strcspn(d, ":"); /* without a port */
+  for (size_t i = 0; i < OSR_ARRAY_SIZE(own); i++) {
+    size_t m = strlen(own[i]);
+    if (n == m && strncasecmp(d, own[i], m) == 0)
+      return 1;
+    if (n > m && d[n - m - 1] == '.' && strncasecmp(d + n - m, own[i], m) == 0)
+      return 1;
+  }
+  return 0;
+}
+
+const char *osr_gw_e2b_domain_problem(const char *d)
+{
+  size_t n = strlen(d);
+  if (n == 0 || n >= 256)
+    return "is not a host name[:port] (1..255 characters)";
+  const char *colon = strchr(d, ':');
+  size_t hn = colon ? (size_t)(colon - d) : n;
+  if (hn == 0 || d[0] == '.' || d[0] == '-')
+    return "is not a host name[:port]";
+  for (size_t i = 0; i < hn; i++) {
+    char c = d[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '-'))
+      return "is not a host name[:port] (letters, digits, '.', '-')";
+  }
+  if (colon != NULL) {
+    if (colon[1] == '\0')
+      return "has an empty port";
+    for (const char *p = colon + 1; *p; p++)
+      if (*p < '0' || *p > '9')
+        return "has a port that is not a number";
+  }
+  if (domain_is_e2b(d))
+    return "is one of E2B's own domains (SDKs would send sandbox traffic to E2B)";
+  return NULL;
+}
+
+int osr_gw_e2b_domain(const osr_gw_config_t *cfg, char *out, size_t outlen)
+{
+  if (outlen == 0)
+    return OSR_EINVAL;
+  out[0] = '\0';
+  if (cfg->e2b_domain != NULL) {
+    if (strlen(cfg->e2b_domain) >= outlen)
+      return OSR_EINVAL;
+    snprintf(out, outlen, "%s", cfg->e2b_domain);
+    return 0;
+  }
+  /* Derived from the data-plane URL's authority, but only when its host is a
+   * DNS name: an IP literal or "localhost" cannot carry a *.<domain>
+   * wildcard record, so those give none and the SDK's default applies. */
+  const char *url = cfg->dataplane_url;
+  if (url == NULL)
+    return 0;
+  const char *p = strstr(url, "://");
+  p = p ? p + 3 : url;
+  size_t n = strcspn(p, "/?#");
+  if (n == 0 || n >= 256 || p[0] == '[') /* IPv6 literal */
+    return 0;
+  char auth[256];
+  snprintf(auth, sizeof(auth), "%.*s", (int)n, p);
+  size_t hn = strcspn(auth, ":");
+  int has_alpha = 0, has_dot = 0;
+  for (size_t i = 0; i < hn; i++) {
+    has_alpha |= (auth[i] >= 'a' && auth[i] <= 'z') || (auth[i] >= 'A' && auth[i] <= 'Z');
+    has_dot |= auth[i] == '.';
+  }
+  if (!has_alpha || !has_dot || osr_gw_e2b_domain_problem(auth) != NULL || n >= outlen)
+    return 0;
+  snprintf(out, outlen, "%s", auth);
+  return 0;
+}
+
+/* e2b.domain from any source: checked where it is read, so the error names
+ * the file and line, the variable or the flag. */
+static int set_e2b_domain(ld_t *ld, const src_t *src, const char *path, const char *v)
+{
+  const char *why = osr_gw_e2b_domain_problem(v);
+  if (why != NULL)
+    return ld_fail(ld, src, path, "'%.100s' %s", v, why);
+  ld->cfg->e2b_domain = own_str(ld, "e2b_domain", v);
+  return 0;
+}
+
 /* ---- the file -------------------------------------------------------------- */
 
 static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
 {
-  static const char *const top[] = {"listen",   "dataplane", "tls",       "data_dir", "store",
-                                    "redis",    "admin_key", "providers", "prices",   "policy",
-                                    "sandbox",  "tokens",    "breaker",   "reaper",   "limits",
-                                    "drain_ms", "log",       "instance_id", NULL};
+  static const char *const top[] = {"listen",   "dataplane", "tls",         "data_dir", "store",
+                                    "redis",    "admin_key", "providers",   "prices",   "policy",
+                                    "sandbox",  "tokens",    "breaker",     "reaper",   "limits",
+                                    "drain_ms", "log",       "instance_id", "e2b",      NULL};
   osr_gw_config_t *cfg = ld->cfg;
   const char *s;
   json_t *v, *x;
@@ -1348,6 +1440,17 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
       json_object_set_new(ld->own, "log_json", json_boolean(b));
     }
   }
+  if ((v = json_object_get(doc, "e2b")) != NULL) {
+    static const char *const keys[] = {"domain", NULL};
+    if (want_obj(ld, src, "e2b", v) != 0 || check_keys(ld, src, "e2b", v, keys) != 0)
+      return OSR_EINVAL;
+    /* null = derive it (the default), e.g. to undo an earlier layer. */
+    if ((x = json_object_get(v, "domain")) != NULL && !json_is_null(x)) {
+      if (want_str(ld, src, "e2b.domain", x, &s) != 0 ||
+          set_e2b_domain(ld, src, "e2b.domain", s) != 0)
+        return OSR_EINVAL;
+    }
+  }
   return 0;
 }
 
@@ -1493,6 +1596,8 @@ static int apply_setting(ld_t *ld, const char *key, const char *what, const char
     if (parse_bool_word(v, &b) != 0)
       return ld_fail(ld, NULL, what, "'%s' is not 1/0/true/false", v);
     json_object_set_new(ld->own, "log_json", json_boolean(b));
+  } else if (strcmp(key, "e2b-domain") == 0) {
+    return set_e2b_domain(ld, NULL, what, v);
   } else if (strcmp(key, "admin-key") == 0) {
     cfg->admin_key = own_str(ld, "admin_key", v);
     json_object_set_new(ld->own, "admin_key_source",
@@ -1505,18 +1610,18 @@ static const struct {
   const char *env;
   const char *key;
 } env_tab[] = {
-    {"OSR_LISTEN", "listen"},       {"OSR_DATAPLANE_LISTEN", "dataplane-listen"},
-    {"OSR_STORE", "store"},         {"OSR_REDIS", "redis"},
-    {"OSR_DATA_DIR", "data-dir"},   {"OSR_PROVIDERS", "providers"},
-    {"OSR_ADMIN_KEY", "admin-key"}, {"OSR_LOG_LEVEL", "log-level"},
-    {"OSR_LOG_JSON", "log-json"},   {"OSR_INSTANCE_ID", "instance-id"},
+    {"OSR_LISTEN", "listen"},         {"OSR_DATAPLANE_LISTEN", "dataplane-listen"},
+    {"OSR_STORE", "store"},           {"OSR_REDIS", "redis"},
+    {"OSR_DATA_DIR", "data-dir"},     {"OSR_PROVIDERS", "providers"},
+    {"OSR_ADMIN_KEY", "admin-key"},   {"OSR_LOG_LEVEL", "log-level"},
+    {"OSR_LOG_JSON", "log-json"},     {"OSR_INSTANCE_ID", "instance-id"},
+    {"OSR_E2B_DOMAIN", "e2b-domain"},
 };
 
 /* Flags that take a value; --log-json and --help take none. */
-static const char *const value_flags[] = {"listen",   "dataplane-listen", "store",    "redis",
-                                          "data-dir", "providers",        "config",   "tls-cert",
-                                          "tls-key",  "drain-ms",         "log-level",
-                                          "instance-id"};
+static const char *const value_flags[] = {
+    "listen",   "dataplane-listen", "store",    "redis",     "data-dir",    "providers", "config",
+    "tls-cert", "tls-key",          "drain-ms", "log-level", "instance-id", "e2b-domain"};
 
 /* Split "--name[=value]"; returns the flag index or -1 (unknown), -2 (no-arg flags). */
 static int flag_lookup(const char *arg, char *name, size_t namelen, const char **inline_val)
@@ -1947,6 +2052,7 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
                 (json_int_t)l->idle_timeout_ms, "h2_max_streams", (json_int_t)l->h2_max_streams,
                 "h2_window", (json_int_t)l->h2_window, "max_conns", (json_int_t)l->max_conns));
   json_object_set_new(j, "drain_ms", json_integer((json_int_t)cfg->drain_ms));
+  json_object_set_new(j, "e2b", json_pack("{s:s?}", "domain", cfg->e2b_domain));
   const char *lvl = json_string_value(json_object_get(own, "log_level"));
   json_object_set_new(j, "log",
                       json_pack("{s:s,s:b}", "level", lvl ? lvl : "info", "json",
@@ -1981,6 +2087,9 @@ void osr_gw_config_usage(FILE *f, const char *prog)
       "  --drain-ms N             grace for in-flight requests on SIGTERM (default 10000)\n"
       "  --instance-id ID         this gateway's id in a shared store (default derived from\n"
       "                           hostname + data dir; env OSR_INSTANCE_ID)\n"
+      "  --e2b-domain HOST[:PORT] the domain E2B SDKs build getHost() names from (default:\n"
+      "                           the data-plane URL's host if it is a DNS name; env\n"
+      "                           OSR_E2B_DOMAIN); see docs/e2b-compat.md\n"
       "  --log-level LEVEL        trace|debug|info|warn|error|off (default info; env "
       "OSR_LOG_LEVEL)\n"
       "  --log-json               JSON log lines (env OSR_LOG_JSON=1)\n"

@@ -57,6 +57,10 @@ typedef struct osr_gw_config_s {
   uint64_t stale_creating_ms;    /**< reaper.stale_creating_ms: a binding still creating after
                                       this long is resolved by any gateway (its owner is presumed
                                       dead); default 120000 = 2x the create deadline */
+  const char *e2b_domain;        /**< e2b.domain / OSR_E2B_DOMAIN / --e2b-domain: the `domain`
+                                      the E2B front door answers (host[:port], never one of
+                                      E2B's own domains; checked at load). NULL = derive it
+                                      (osr_gw_e2b_domain) */
   /* private: memory owned by the config (strings point into it) */
   json_t *_owned;
 } osr_gw_config_t;
@@ -67,6 +71,20 @@ typedef struct osr_gw_config_s {
  *  wrong). */
 int osr_gw_config_load(osr_gw_config_t *cfg, int argc, char **argv, char *err, size_t errlen);
 void osr_gw_config_dispose(osr_gw_config_t *cfg);
+/** Why `d` cannot be the E2B domain (a static message), or NULL when it can:
+ *  a host name of [A-Za-z0-9.-] with an optional :port, under 256 bytes, and
+ *  not one of E2B's own domains (e2b.app, e2b.dev, e2b.pro, e2b-staging.dev or
+ *  a subdomain: the SDKs would send sandbox traffic to E2B). */
+const char *osr_gw_e2b_domain_problem(const char *d);
+
+/** The effective E2B domain into out (NUL-terminated; "" = none, the SDK
+ *  then uses its own default): cfg->e2b_domain when set, else the host[:port]
+ *  of cfg->dataplane_url when that host is a DNS name that can carry a
+ *  wildcard (not an IP literal, not "localhost", not one of E2B's). Used by
+ *  the E2B front door's answers and by `osr serve` for its data plane's Host
+ *  form. Returns 0, or OSR_EINVAL when out is too small. */
+int osr_gw_e2b_domain(const osr_gw_config_t *cfg, char *out, size_t outlen);
+
 /** The flags/env table as help text (for --help and docs). */
 void osr_gw_config_usage(FILE *f, const char *prog);
 

@@ -25,13 +25,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Serve:
     """`osr serve` on 127.0.0.1:0 with the sim provider and a temp data dir."""
 
-    def __init__(self, env=None, cfg=None):
+    def __init__(self, env=None, cfg=None, args=None):
         self.dir = tempfile.mkdtemp(prefix="osr-e2b-")
         e = {"OSR_PROVIDERS": "sim", "OSR_ADMIN_KEY": ADMIN}
         e.update(env or {})
         # The embedded data plane on port 0: never two servers on 7071.
         argv = [CLI, "serve", "--listen", "127.0.0.1:0", "--dataplane-listen", "127.0.0.1:0",
                 "--data-dir", self.dir]
+        argv += args or []
         if cfg is not None:
             path = os.path.join(self.dir, "osr.yaml")
             with open(path, "w") as f:
@@ -331,22 +332,91 @@ class Rest(unittest.TestCase):
 
 
 class Domain(unittest.TestCase):
-    def domain_of(self, env, cfg=None):
-        with Serve(env=env, cfg=cfg) as srv:
+    """The `domain` of create answers: e2b.domain from the YAML file, the
+    environment (OSR_E2B_DOMAIN) or the flag (--e2b-domain), flag > env >
+    file, else derived from dataplane.url; E2B's own domains refused at
+    start from every source, naming it."""
+
+    def domain_of(self, env, cfg=None, args=None):
+        with Serve(env=env, cfg=cfg, args=args) as srv:
             st, _, j = srv.request("POST", "/v2/sandboxes", {"templateID": "base"},
                                    {"X-API-KEY": srv.new_key("d")})
             self.assertEqual(st, 201, j)
-            return j["domain"], srv.proc.stderr_text()
+            return j["domain"]
 
-    def test_domains(self):
-        self.assertEqual(self.domain_of({})[0], None)  # data plane on 127.0.0.1: no wildcard possible
-        self.assertEqual(self.domain_of({}, {"dataplane": {"url": "https://dp.example.org:7443/x"}})[0],
+    def print_config(self, env, cfg=None, args=None):
+        """(exit status, effective e2b.domain or None, stderr) of
+        `osr serve --print-config`, which loads the configuration as a start
+        does and exits."""
+        d = tempfile.mkdtemp(prefix="osr-e2b-cfg-")
+        try:
+            argv = [CLI, "serve", "--print-config", "--data-dir", d] + (args or [])
+            if cfg is not None:
+                path = os.path.join(d, "osr.yaml")
+                with open(path, "w") as f:
+                    f.write(cfg)
+                argv += ["--config", path]
+            e = {"OSR_PROVIDERS": "sim", "OSR_ADMIN_KEY": ADMIN, "OSR_E2B_DOMAIN": ""}
+            e.update(env)
+            cp = osrtest.sh(argv, env=e, timeout=60, check=False)
+            err = cp.stderr.decode("utf-8", "replace")
+            if cp.returncode != 0:
+                return cp.returncode, None, err
+            return 0, json.loads(cp.stdout)["e2b"]["domain"], err
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_answers(self):
+        self.assertEqual(self.domain_of({}), None)  # data plane on 127.0.0.1: no wildcard possible
+        self.assertEqual(self.domain_of({}, {"dataplane": {"url": "https://dp.example.org:7443/x"}}),
                          "dp.example.org:7443")
-        self.assertEqual(self.domain_of({"OSR_E2B_DOMAIN": "osr.example.com"})[0], "osr.example.com")
+        self.assertEqual(self.domain_of({}, {"e2b": {"domain": "file.example.com"},
+                                             "dataplane": {"url": "https://dp.example.org/"}}),
+                         "file.example.com")
+        self.assertEqual(self.domain_of({"OSR_E2B_DOMAIN": "osr.example.com"}), "osr.example.com")
+        self.assertEqual(self.domain_of({"OSR_E2B_DOMAIN": "env.example.com"},
+                                        {"e2b": {"domain": "file.example.com"}},
+                                        ["--e2b-domain", "flag.example.com:8443"]),
+                         "flag.example.com:8443")
+
+    def test_precedence(self):
+        yaml = "e2b:\n  domain: file.example.com\n"
+        self.assertEqual(self.print_config({}, yaml)[:2], (0, "file.example.com"))
+        self.assertEqual(self.print_config({"OSR_E2B_DOMAIN": "env.example.com"}, yaml)[:2],
+                         (0, "env.example.com"))
+        self.assertEqual(self.print_config({"OSR_E2B_DOMAIN": "env.example.com"}, yaml,
+                                           ["--e2b-domain=flag.example.com"])[:2],
+                         (0, "flag.example.com"))
+        self.assertEqual(self.print_config({}, "e2b:\n  domain: null\n")[:2], (0, None))
+        self.assertEqual(self.print_config({})[:2], (0, None))
+
+    def test_refused(self):
         for own in ("e2b.app", "E2B.dev", "foo.e2b.pro", "e2b-staging.dev:443"):
-            d, log = self.domain_of({"OSR_E2B_DOMAIN": own})
-            self.assertIsNone(d, own)
-            self.assertIn("one of E2B's own domains", log)
+            st, _, err = self.print_config({"OSR_E2B_DOMAIN": own})
+            self.assertNotEqual(st, 0, own)
+            self.assertIn("OSR_E2B_DOMAIN: '%s' is one of E2B's own domains" % own, err)
+            st, _, err = self.print_config({}, args=["--e2b-domain", own])
+            self.assertNotEqual(st, 0, own)
+            self.assertIn("--e2b-domain: '%s' is one of E2B's own domains" % own, err)
+            st, _, err = self.print_config({}, "\ne2b:\n  domain: '%s'\n" % own)
+            self.assertNotEqual(st, 0, own)
+            self.assertRegex(err, r"osr\.yaml:3: e2b\.domain: '%s' is one of E2B's own domains"
+                             % re.escape(own))
+        # Not E2B's: a look-alike and a subdomain-looking host are fine.
+        self.assertEqual(self.print_config({"OSR_E2B_DOMAIN": "e2b.app.example.com"})[:2],
+                         (0, "e2b.app.example.com"))
+        self.assertEqual(self.print_config({"OSR_E2B_DOMAIN": "mye2b.app"})[:2], (0, "mye2b.app"))
+        for bad, why in (("sbx.example.com:", "empty port"), ("sbx.example.com:x", "not a number"),
+                         ("sbx_example.com", "not a host name"), (".example.com", "not a host name")):
+            st, _, err = self.print_config({}, args=["--e2b-domain", bad])
+            self.assertNotEqual(st, 0, bad)
+            self.assertIn(why, err)
+        st, _, err = self.print_config({}, "e2b:\n  domain: 7\n")
+        self.assertNotEqual(st, 0)
+        self.assertIn("e2b.domain", err)
+        st, _, err = self.print_config({}, "e2b:\n  domian: x.example.com\n")
+        self.assertNotEqual(st, 0)
+        self.assertIn("domian", err)
 
 
 if __name__ == "__main__":
