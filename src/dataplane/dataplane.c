@@ -601,6 +601,9 @@ void osr_dataplane_stop(osr_dataplane_t *dp, uint64_t grace_ms, void (*cb)(void 
     osr_redis_close(dp->redis, on_redis_closed, dp);
     dp->redis = NULL;
   }
+  /* Exec sessions are long-lived: end them now with a status rather than
+   * wait out the grace period (their processes keep running). */
+  osr__dp_execs_close(dp);
   for (size_t i = 0; i < dp->nsrv; i++)
     osr_http_server_close(dp->srv[i], grace_ms, on_server_closed, dp);
   if (from_start)

@@ -1505,11 +1505,16 @@ void osr__dp_execs_close(osr_dataplane_t *dp)
   for (dp_exec_t *e = dp->execs; e != NULL;) {
     dp_exec_t *next = e->next;
     e->busy++;
-    /* A slow client may never take the status: close regardless (ws.c
-     * bounds the close handshake by its close timeout). */
+    /* The status goes out if the client can take it now; a slow client
+     * may never take it, so the close follows regardless (ws.c bounds the
+     * close handshake by its close timeout; an HTTP stream ends and the
+     * server's grace period bounds it). The process keeps running: the
+     * client can re-attach (pid + offset) through another data plane. */
+    send_failure(e, 503, "ServiceUnavailable", "the data plane is shutting down");
     close_ws(e, 1001, "the data plane is shutting down");
     exec_finish(e);
     e->busy--;
+    exec_maybe_free(e);
     e = next;
   }
 }

@@ -50,8 +50,11 @@ int osr__dp_exec_route(const osr_http_req_t *req, dp_route_t *rt);
 void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
                   const char *sid);
 
-/** Close every exec session (stop deadline): each gets a Failure status if
- *  none was sent and its WebSocket is closed with 1001. */
+/** End every exec session (called when the data plane starts to stop, so
+ *  the status goes out before the WebSocket layer's own "going away"
+ *  close): each gets a Failure status (503, ServiceUnavailable) if none was
+ *  sent and the client can take it, then the close (1000 after a status,
+ *  else 1001) or the end of its HTTP stream. Processes keep running. */
 void osr__dp_execs_close(osr_dataplane_t *dp);
 
 #endif

@@ -7,6 +7,8 @@
 //   endBody       end the request body after stdin (closes stdin); else the
 //                 body stays open until the status arrives
 //   closeFrame    send a [255, 0] close frame instead of ending the body
+//   pauseMs       stop reading the response for this long after the first
+//                 output frame (slow reader), printing "paused" / "resumed"
 // Prints one JSON line {httpStatus, contentType, stdoutLen, stdoutSha256,
 // stdoutText, stderrText, status, info, order}.
 import crypto from 'node:crypto';
@@ -20,6 +22,8 @@ const res = { httpStatus: null, contentType: null, stdoutLen: 0, stderrText: '',
 const hash = crypto.createHash('sha256');
 let head = Buffer.alloc(0);
 let pending = Buffer.alloc(0);
+let paused = false;
+let src = null; // the readable response body
 
 function frame(ch, payload) {
   const h = Buffer.alloc(5);
@@ -46,12 +50,21 @@ function onData(chunk) {
     pending = pending.subarray(4 + n);
     if (res.order.length === 0 || res.order[res.order.length - 1] !== ch) res.order.push(ch);
     if (ch === 1) {
+      if (o.pauseMs && !paused) {
+        paused = true;
+        src.pause();
+        console.error('paused');
+        setTimeout(() => { src.resume(); console.error('resumed'); }, o.pauseMs);
+      }
       res.stdoutLen += p.length;
       hash.update(p);
       if (head.length < 4096) head = Buffer.concat([head, p.subarray(0, 4096 - head.length)]);
     } else if (ch === 2) res.stderrText += p.toString('latin1');
     else if (ch === 3) { res.status = JSON.parse(p.toString()); if (!body.writableEnded) body.end(); }
-    else if (ch === 5) res.info = JSON.parse(p.toString());
+    else if (ch === 5) {
+      res.info = JSON.parse(p.toString());
+      console.log('info ' + JSON.stringify(res.info)); // for tests waiting on the start
+    }
     else res.unexpected = ch;
   }
 }
@@ -64,6 +77,7 @@ if (o.proto === 'h1') {
   body.on('response', (r) => {
     res.httpStatus = r.statusCode;
     res.contentType = r.headers['content-type'];
+    src = r;
     r.on('data', onData);
     r.on('end', finish);
   });
@@ -74,6 +88,7 @@ if (o.proto === 'h1') {
   c.on('error', (e) => { res.error = e.message; finish(); });
   body = c.request({ ':method': 'POST', ':path': path, 'x-access-token': o.token });
   body.on('response', (h) => { res.httpStatus = h[':status']; res.contentType = h['content-type']; });
+  src = body;
   body.on('data', onData);
   body.on('end', () => { c.close(); finish(); });
   body.on('error', (e) => { res.error = e.message; finish(); });

@@ -62,7 +62,12 @@ ws.on('open', () => {
   if (o.closeStdin) ws.send(Buffer.from([255, 0]));
 });
 ws.on('message', (m, isBinary) => {
-  if (!isBinary) { res.info = JSON.parse(m.toString()); res.order.push('info'); return; }
+  if (!isBinary) {
+    res.info = JSON.parse(m.toString());
+    res.order.push('info');
+    console.log('info ' + JSON.stringify(res.info)); // for tests waiting on the start
+    return;
+  }
   const ch = m[0];
   const p = m.subarray(1);
   if (res.order.length === 0 || res.order[res.order.length - 1] !== ch) res.order.push(ch);

@@ -387,9 +387,61 @@ class ExecHttpStream(Base):
         self.assertEqual(r["stdoutSha256"], want)
         self.assertEqual(self.exit_code(r["status"]), 0)
 
+    def test_slow_reader_bounded_memory(self):
+        # As ExecWs's: 200 MB to an HTTP/2 client that stops reading for 6 s.
+        n = 200 * 1000 * 1000
+        e = self.env
+        base = e.dp.rss_kib()
+        envv = dict(os.environ, OSR_NODE_MODULES=osrtest.node_modules())
+        opts = {"port": e.port, "proto": "h2", "token": e.token(), "endBody": True, "pauseMs": 6000,
+                "path": "/v1/sandboxes/%s/exec?%s" % (SID, q(["head", "-c", str(n), "/dev/zero"]))}
+        p = subprocess.Popen(["node", os.path.join(HERE, "exec_h2.mjs"), json.dumps(opts)], env=envv,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        peak = base
+        deadline = time.time() + 300
+        while p.poll() is None and time.time() < deadline:
+            peak = max(peak, e.dp.rss_kib())
+            time.sleep(0.1)
+        out, err = p.communicate(timeout=300)
+        self.assertIn(b"paused", err)
+        r = json.loads(out.decode().strip().split("\n")[-1])
+        self.assertEqual(r["stdoutLen"], n)
+        self.assertEqual(self.exit_code(r["status"]), 0)
+        self.assertLess(peak - base, 48 * 1024, "data plane RSS grew %d KiB" % (peak - base))
+
     def test_refused(self):
         r = self.h2(q(["true"]), tok=self.env.token(scopes="files"), endBody=True)
         self.assertEqual(r["httpStatus"], 403)
+
+
+class ExecStop(Base):
+    def test_stop_with_live_sessions(self):
+        """Stopping the data plane ends live sessions (a Failure status, then
+        the close / the end of the body) instead of waiting for them, and it
+        exits cleanly (tearDown checks the exit code)."""
+        e = self.env
+        envv = dict(os.environ, OSR_NODE_MODULES=osrtest.node_modules())
+        ws = osrtest.Proc(["node", os.path.join(HERE, "exec_ws.mjs"), json.dumps(
+            {"url": self.url(q(["sleep", "100"], osrInfo=True))})], env=envv)
+        h2 = osrtest.Proc(["node", os.path.join(HERE, "exec_h2.mjs"), json.dumps(
+            {"port": e.port, "proto": "h2", "token": e.token(),
+             "path": "/v1/sandboxes/%s/exec?%s" % (SID, q(["sleep", "100"], osrInfo=True))})],
+            env=envv)
+        ws.wait_line("info ", timeout=30)
+        h2.wait_line("info ", timeout=30)
+        t0 = time.time()
+        rc = e.dp.stop()
+        self.assertEqual(rc, 0, e.dp.stderr_text()[-3000:])
+        # Well inside the 5 s grace period: the sessions did not wait for it.
+        self.assertLess(time.time() - t0, 4.5)
+        for c in (ws, h2):
+            self.assertEqual(c.p.wait(timeout=30), 0)
+            self.assertEqual(c.stop(), 0)  # joins its output threads
+            r = json.loads(c.lines[-1])
+            self.assertIsNotNone(r["status"], (r, e.dp.stderr_text()[-3000:]))
+            self.assertEqual(r["status"]["reason"], "ServiceUnavailable", r)
+            self.assertNotIn("error", r)
+        self.assertEqual(json.loads(ws.lines[-1])["closeCode"], 1000)
 
 
 if __name__ == "__main__":
