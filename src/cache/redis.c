@@ -50,8 +50,9 @@
 
 /* Buffered bytes of one partial reply before the connection is dropped. */
 #define OSR_REDIS_REPLY_BUF_MAX (OSR_BINDING_JSON_MAX + 64 * 1024)
-/* Our replies are status/integer/bulk or pub/sub arrays of 3. */
-#define OSR_REDIS_MAX_ELEMENTS 16
+/* Our replies are status/integer/bulk, pub/sub arrays of 3, or an activity
+ * drain (id, ms pairs, at most OSR_REDIS_ACTIVITY_BATCH_MAX of them). */
+#define OSR_REDIS_MAX_ELEMENTS (2 * OSR_REDIS_ACTIVITY_BATCH_MAX)
 /* hiredis's output buffer is unbounded; refuse new commands above this. */
 #define OSR_REDIS_OBUF_MAX (32u * 1024 * 1024)
 /* Release an idle reader buffer above this (hiredis's own maxbuf knob). */
@@ -86,7 +87,13 @@ typedef struct conn_s {
   unsigned failures; /* consecutive failed attempts: picks the next address */
 } conn_t;
 
-typedef enum cmd_kind_e { CMD_PUT = 1, CMD_GET, CMD_INVALIDATE } cmd_kind_t;
+typedef enum cmd_kind_e {
+  CMD_PUT = 1,
+  CMD_GET,
+  CMD_INVALIDATE,
+  CMD_ACT_ADD,
+  CMD_ACT_DRAIN
+} cmd_kind_t;
 
 typedef struct cmd_s {
   struct cmd_s *prev, *next; /* r->pending, in send order, while the caller waits */
@@ -101,6 +108,7 @@ typedef struct cmd_s {
   union {
     osr_redis_done_cb done;
     osr_redis_binding_cb binding;
+    osr_redis_activity_cb activity;
   } cb;
   void *data;
 } cmd_t;
@@ -903,6 +911,8 @@ static void cmd_answer(cmd_t *cmd, int status, const osr_binding_t *b)
   cmd->orphan = 1;
   if (cmd->kind == CMD_GET)
     cmd->cb.binding(status, status == 0 ? b : NULL, cmd->data);
+  else if (cmd->kind == CMD_ACT_DRAIN)
+    cmd->cb.activity(status, NULL, NULL, 0, cmd->data); /* errors only: see drain_answer */
   else
     cmd->cb.done(status, cmd->data);
 }
@@ -956,7 +966,9 @@ static int reply_status(cmd_t *cmd, const redisReply *reply)
   case REDIS_REPLY_STATUS:
     return cmd->kind == CMD_PUT ? 0 : OSR_EPROTO;
   case REDIS_REPLY_INTEGER:
-    return cmd->kind == CMD_INVALIDATE ? 0 : OSR_EPROTO;
+    return cmd->kind == CMD_INVALIDATE || cmd->kind == CMD_ACT_ADD ? 0 : OSR_EPROTO;
+  case REDIS_REPLY_ARRAY:
+    return cmd->kind == CMD_ACT_DRAIN ? 0 : OSR_EPROTO;
   case REDIS_REPLY_NIL:
     return cmd->kind == CMD_GET ? OSR_ENOTFOUND : OSR_EPROTO;
   case REDIS_REPLY_STRING:
@@ -965,6 +977,8 @@ static int reply_status(cmd_t *cmd, const redisReply *reply)
     return OSR_EPROTO;
   }
 }
+
+static void drain_answer(cmd_t *cmd, const redisReply *reply);
 
 static void reply_cb(redisAsyncContext *ac, void *reply_, void *privdata)
 {
@@ -1004,6 +1018,8 @@ static void reply_cb(redisAsyncContext *ac, void *reply_, void *privdata)
     cmd_answer(cmd, st, &b);
     if (st == 0)
       binding_free_docs(&b);
+  } else if (cmd->kind == CMD_ACT_DRAIN && st == 0) {
+    drain_answer(cmd, reply);
   } else {
     cmd_answer(cmd, st, NULL);
   }
@@ -1180,6 +1196,172 @@ int osr_redis_invalidate(osr_redis_t *r, const char *id, osr_redis_done_cb cb, v
   }
   cmd_track(r, cmd, sent);
   return 0;
+}
+
+/* ---- activity (data plane -> gateway, docs/dataplane.md) -------------------
+ * One hash, "<prefix>activity", field = sandbox id, value = unix ms of the
+ * latest traffic. Both sides are Lua scripts so each is one atomic command:
+ * the add keeps the larger value (several data planes report the same
+ * sandbox; a late retry must not move time backwards) and the drain reads
+ * and deletes at most `max` fields in one step, so two gateways draining at
+ * once never both apply, nor both lose, a field. */
+
+static const char act_add_lua[] =
+    "for i=1,#ARGV,2 do "
+    "local c=tonumber(redis.call('HGET',KEYS[1],ARGV[i]) or '0') "
+    "if tonumber(ARGV[i+1])>c then redis.call('HSET',KEYS[1],ARGV[i],ARGV[i+1]) end "
+    "end return #ARGV";
+static const char act_drain_lua[] =
+    "local a=redis.call('HGETALL',KEYS[1]) local n=math.min(#a,2*tonumber(ARGV[1])) "
+    "local o={} for i=1,n,2 do o[#o+1]=a[i] o[#o+1]=a[i+1] redis.call('HDEL',KEYS[1],a[i]) end "
+    "return o";
+
+/* Cached bindings (SET by osr_redis_put_binding) get the new time too, so
+ * a GET answered from the cache shows it: decoded and re-encoded with
+ * Redis's cjson (the binding codec accepts any member order and escaping),
+ * TTL kept, never moved backwards. The keys are built from ARGV[1], which
+ * is fine on a single Redis (not on Redis Cluster, which OSR does not use). */
+static const char act_cached_lua[] =
+    "local n=0 for i=2,#ARGV,2 do "
+    "local k=ARGV[1]..ARGV[i] local v=redis.call('GET',k) "
+    "if v then local ok,o=pcall(cjson.decode,v) "
+    "if ok and type(o)=='table' and type(o.last_activity_ms)=='number' "
+    "and tonumber(ARGV[i+1])>o.last_activity_ms then "
+    "o.last_activity_ms=tonumber(ARGV[i+1]) redis.call('SET',k,cjson.encode(o),'KEEPTTL') n=n+1 "
+    "end end end return n";
+
+static size_t act_key(const osr_redis_t *r, char *key)
+{
+  memcpy(key, r->prefix, r->prefix_len);
+  memcpy(key + r->prefix_len, "activity", sizeof("activity"));
+  return r->prefix_len + sizeof("activity") - 1;
+}
+
+static int act_send(osr_redis_t *r, int cached, const char *const *ids, const int64_t *ms,
+                    size_t n, osr_redis_done_cb cb, void *data);
+
+int osr_redis_activity_add(osr_redis_t *r, const char *const *ids, const int64_t *ms, size_t n,
+                           osr_redis_done_cb cb, void *data)
+{
+  return act_send(r, 0, ids, ms, n, cb, data);
+}
+
+int osr_redis_activity_cached(osr_redis_t *r, const char *const *ids, const int64_t *ms, size_t n,
+                              osr_redis_done_cb cb, void *data)
+{
+  return act_send(r, 1, ids, ms, n, cb, data);
+}
+
+static int act_send(osr_redis_t *r, int cached, const char *const *ids, const int64_t *ms,
+                    size_t n, osr_redis_done_cb cb, void *data)
+{
+  if (r == NULL || ids == NULL || ms == NULL || cb == NULL || n == 0 ||
+      n > OSR_REDIS_ACTIVITY_BATCH_MAX)
+    return OSR_EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    size_t l = strnlen(ids[i], OSR_REDIS_ID_MAX + 1);
+    if (!osr_redis_id_is_valid(ids[i], l) || memchr(ids[i], '*', l) != NULL || ms[i] <= 0)
+      return OSR_EINVAL;
+  }
+  int rv = cmd_check(r, 1);
+  if (rv != 0)
+    return rv;
+  size_t argc = 4 + 2 * n;
+  const char **argv = osr_xmalloc(argc * sizeof(*argv));
+  size_t *lens = osr_xmalloc(argc * sizeof(*lens));
+  char(*nums)[24] = osr_xmalloc(n * sizeof(*nums));
+  char key[KEY_MAX];
+  argv[0] = "EVAL";
+  lens[0] = 4;
+  if (cached) {
+    /* No KEYS: ARGV[1] is the key prefix of cached bindings. */
+    argv[1] = act_cached_lua;
+    lens[1] = sizeof(act_cached_lua) - 1;
+    argv[2] = "0";
+    memcpy(key, r->prefix, r->prefix_len);
+    memcpy(key + r->prefix_len, "b:", 3);
+    lens[3] = r->prefix_len + 2;
+  } else {
+    argv[1] = act_add_lua;
+    lens[1] = sizeof(act_add_lua) - 1;
+    argv[2] = "1";
+    lens[3] = act_key(r, key);
+  }
+  lens[2] = 1;
+  argv[3] = key;
+  for (size_t i = 0; i < n; i++) {
+    snprintf(nums[i], sizeof(nums[i]), "%lld", (long long)ms[i]);
+    argv[4 + 2 * i] = ids[i];
+    lens[4 + 2 * i] = strlen(ids[i]);
+    argv[5 + 2 * i] = nums[i];
+    lens[5 + 2 * i] = strlen(nums[i]);
+  }
+  cmd_t *cmd = cmd_new(r, CMD_ACT_ADD, data);
+  cmd->cb.done = cb;
+  rv = send_argv(&r->cmd, reply_cb, cmd, (int)argc, argv, lens);
+  osr_free(argv); /* hiredis copied the formatted command */
+  osr_free(lens);
+  osr_free(nums);
+  if (rv != 0) {
+    osr_free(cmd);
+    return OSR_EUNAVAILABLE;
+  }
+  cmd_track(r, cmd, 1);
+  return 0;
+}
+
+int osr_redis_activity_drain(osr_redis_t *r, size_t max, osr_redis_activity_cb cb, void *data)
+{
+  if (r == NULL || cb == NULL || max == 0 || max > OSR_REDIS_ACTIVITY_BATCH_MAX)
+    return OSR_EINVAL;
+  int rv = cmd_check(r, 1);
+  if (rv != 0)
+    return rv;
+  char key[KEY_MAX], num[24];
+  snprintf(num, sizeof(num), "%zu", max);
+  const char *argv[5] = {"EVAL", act_drain_lua, "1", key, num};
+  size_t lens[5] = {4, sizeof(act_drain_lua) - 1, 1, act_key(r, key), strlen(num)};
+  cmd_t *cmd = cmd_new(r, CMD_ACT_DRAIN, data);
+  cmd->cb.activity = cb;
+  if (send_argv(&r->cmd, reply_cb, cmd, 5, argv, lens) != 0) {
+    osr_free(cmd);
+    return OSR_EUNAVAILABLE;
+  }
+  cmd_track(r, cmd, 1);
+  return 0;
+}
+
+/* A successful drain: pairs of (id, ms), checked like everything that
+ * comes over the network; bad pairs are skipped, not fatal. */
+static void drain_answer(cmd_t *cmd, const redisReply *reply)
+{
+  size_t n = reply->elements / 2, k = 0;
+  const char **ids = osr_xcalloc(n + 1, sizeof(*ids));
+  int64_t *ms = osr_xcalloc(n + 1, sizeof(*ms));
+  char(*store)[OSR_REDIS_ID_MAX + 1] = osr_xcalloc(n + 1, sizeof(*store));
+  for (size_t i = 0; i < n; i++) {
+    const redisReply *id = reply->element[2 * i], *v = reply->element[2 * i + 1];
+    if (id->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
+        !osr_redis_id_is_valid(id->str, id->len) || v->len == 0 || v->len > 19)
+      continue;
+    char tmp[24], *end;
+    memcpy(tmp, v->str, v->len);
+    tmp[v->len] = '\0';
+    long long x = strtoll(tmp, &end, 10);
+    if (*end != '\0' || x <= 0)
+      continue;
+    memcpy(store[k], id->str, id->len);
+    store[k][id->len] = '\0';
+    ids[k] = store[k];
+    ms[k] = x;
+    k++;
+  }
+  cmd_unlink(cmd->r, cmd);
+  cmd->orphan = 1;
+  cmd->cb.activity(0, ids, ms, k, cmd->data);
+  osr_free(ids);
+  osr_free(ms);
+  osr_free(store);
 }
 
 int osr_redis_subscribe(osr_redis_t *r, osr_redis_invalidate_cb cb, void *data)

@@ -104,6 +104,36 @@ int osr_binding_from_json(const char *json, size_t len, osr_binding_t *b);
 /** 1 if `id` (`len` bytes) is 1..OSR_REDIS_ID_MAX of [a-z0-9*_-]. */
 int osr_redis_id_is_valid(const char *id, size_t len);
 
+/** (Additive.) Most (id, ms) pairs in one activity add or drain. */
+#define OSR_REDIS_ACTIVITY_BATCH_MAX 1024
+
+/**
+ * (Additive.) Data-plane activity reports (docs/dataplane.md, "Activity"):
+ * the hash "<prefix>activity" maps sandbox id -> unix ms of its latest
+ * traffic. add merges n pairs keeping the larger time per id (one atomic
+ * EVAL); ids must be valid cache ids without '*', ms > 0, 1 <= n <=
+ * OSR_REDIS_ACTIVITY_BATCH_MAX (else OSR_EINVAL). The callback reports
+ * whether Redis took the batch; the same synchronous errors as
+ * osr_redis_put_binding apply.
+ */
+int osr_redis_activity_add(osr_redis_t *r, const char *const *ids, const int64_t *ms, size_t n,
+                           osr_redis_done_cb cb, void *data);
+
+/** (Additive.) The same pairs into the cached bindings ("<prefix>b:<id>",
+ *  when present): last_activity_ms is raised, TTL kept, so reads served
+ *  from the cache show data-plane activity. Same contract as add. */
+int osr_redis_activity_cached(osr_redis_t *r, const char *const *ids, const int64_t *ms, size_t n,
+                              osr_redis_done_cb cb, void *data);
+
+/** Activity drained: on status 0, n pairs valid during the call (may be 0);
+ *  otherwise ids/ms are NULL and n is 0. */
+typedef void (*osr_redis_activity_cb)(int status, const char *const *ids, const int64_t *ms,
+                                      size_t n, void *data);
+/** (Additive.) Take (read and delete, atomically) up to `max` (1..
+ *  OSR_REDIS_ACTIVITY_BATCH_MAX) pairs from the activity hash. A drained
+ *  pair is gone from Redis even if the caller then fails to apply it. */
+int osr_redis_activity_drain(osr_redis_t *r, size_t max, osr_redis_activity_cb cb, void *data);
+
 /** Round-trip latency of the last command in microseconds (metrics). */
 uint64_t osr_redis_last_latency_us(const osr_redis_t *r);
 

@@ -84,6 +84,7 @@ static void refuse(osr_dataplane_t *dp, osr_http_req_t *req, int status, const c
                    const char *why)
 {
   dp->n_refused++;
+  osr__dp_count(dp, DP_KIND_NONE, status);
   OSR_LOG_INFO(MOD, "%s: %.*s %.*s refused %d: %s", req->peer, (int)req->method.len,
                req->method.base, (int)req->path.len, req->path.base, status, why);
   osr__dp_error(req, status, sid, why);
@@ -107,6 +108,11 @@ static void on_request(osr_http_req_t *req, void *data)
     rv = osr__dp_route(req, dp->cfg.domain, &rt);
   else if (exec)
     rv = 0;
+  if (rv == OSR_ENOENT && req->path.len == 8 && memcmp(req->path.base, "/metrics", 8) == 0 &&
+      req->method.len == 3 && memcmp(req->method.base, "GET", 3) == 0) {
+    osr__dp_metrics_answer(dp, req); /* only when no sandbox is named */
+    return;
+  }
   if (rv == OSR_ENOENT) {
     refuse(dp, req, 400, NULL,
            "no sandbox named: send E2b-Sandbox-Id and E2b-Sandbox-Port, use the host "
@@ -125,6 +131,7 @@ static void on_request(osr_http_req_t *req, void *data)
   osr_iovec_t tok;
   dp_tok_src_t src = osr__dp_token(req, &tok);
   if (src == DP_TOK_NONE) {
+    osr__dp_count_auth(dp, 0);
     refuse(dp, req, 401, rt.sandbox_id, "missing access token");
     return;
   }
@@ -138,6 +145,7 @@ static void on_request(osr_http_req_t *req, void *data)
   if (rv == 0 && osr_revocations_contains(dp->rev, c.sandbox_id, now))
     rv = OSR_ETOKEN_REVOKED;
   if (rv != 0) {
+    osr__dp_count_auth(dp, rv);
     refuse(dp, req, 401, rt.sandbox_id, osr_token_strerror(rv));
     return;
   }
@@ -146,13 +154,17 @@ static void on_request(osr_http_req_t *req, void *data)
   else
     rv = osr_token_allows(&c, rt.sandbox_id, scope, rt.port);
   if (rv != 0) {
+    osr__dp_count_auth(dp, rv);
     refuse(dp, req, 403, rt.sandbox_id, osr_token_strerror(rv));
     return;
   }
   char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
   int tls = 0;
-  if (c.agent_endpoint[0] == '\0' ||
-      osr__dp_endpoint(c.agent_endpoint, addr, sizeof(addr), &tls) != 0 ||
+  /* Where it can have moved (resume, migration): the binding cache's. */
+  const char *ep = osr__dp_endpoint_for(dp, c.sandbox_id);
+  if (ep == NULL)
+    ep = c.agent_endpoint;
+  if (ep[0] == '\0' || osr__dp_endpoint(ep, addr, sizeof(addr), &tls) != 0 ||
       (tls && dp->client_tls == NULL)) {
     refuse(dp, req, 502, rt.sandbox_id, "The sandbox was not found");
     return;
@@ -355,6 +367,7 @@ static void on_invalidate(const char *sandbox_id, void *data)
     return;
   }
   osr_revocations_add(dp->rev, sandbox_id, now_s());
+  osr__dp_endpoint_forget(dp, sandbox_id);
   OSR_LOG_INFO(MOD, "revoked tokens of sandbox %s", sandbox_id);
 }
 
@@ -373,8 +386,10 @@ static char *dup_into(char **w, const char *s)
 
 static void copy_config(osr_dataplane_t *dp, const osr_dataplane_config_t *cfg)
 {
-  const char *strs[] = {cfg->keys_dir, cfg->keys_url, cfg->redis_url, cfg->redis_prefix,
-                        cfg->domain,   cfg->tls_cert, cfg->tls_key};
+  const char *strs[] = {cfg->keys_dir,    cfg->keys_url,    cfg->redis_url,
+                        cfg->redis_prefix, cfg->domain,      cfg->tls_cert,
+                        cfg->tls_key,      cfg->gateway_url, cfg->gateway_key,
+                        cfg->metrics_key};
   size_t total = 0;
   for (size_t i = 0; i < OSR_ARRAY_SIZE(strs); i++)
     total += strs[i] != NULL ? strlen(strs[i]) + 1 : 0;
@@ -390,6 +405,9 @@ static void copy_config(osr_dataplane_t *dp, const osr_dataplane_config_t *cfg)
   dp->cfg.domain = dup_into(&w, cfg->domain);
   dp->cfg.tls_cert = dup_into(&w, cfg->tls_cert);
   dp->cfg.tls_key = dup_into(&w, cfg->tls_key);
+  dp->cfg.gateway_url = dup_into(&w, cfg->gateway_url);
+  dp->cfg.gateway_key = dup_into(&w, cfg->gateway_key);
+  dp->cfg.metrics_key = dup_into(&w, cfg->metrics_key);
   for (size_t i = 0; i < cfg->nlisten && i < OSR_DP_MAX_LISTEN; i++)
     dp->cfg.listen[i] = dup_into(&w, cfg->listen[i]);
   if (cfg->agent_secret != NULL) {
@@ -408,6 +426,12 @@ static void copy_config(osr_dataplane_t *dp, const osr_dataplane_config_t *cfg)
     dp->cfg.upstream_idle_ms = 300000;
   if (dp->cfg.token_leeway_s == 0)
     dp->cfg.token_leeway_s = 5;
+  if (dp->cfg.activity_interval_ms == 0)
+    dp->cfg.activity_interval_ms = 5000;
+  if (dp->cfg.activity_max == 0)
+    dp->cfg.activity_max = 100000;
+  if (dp->cfg.endpoint_ttl_ms == 0)
+    dp->cfg.endpoint_ttl_ms = 2000;
 }
 
 static void dp_free(osr_dataplane_t *dp)
@@ -418,6 +442,10 @@ static void dp_free(osr_dataplane_t *dp)
     osr_tls_ctx_unref(dp->client_tls);
   osr_keyring_free(dp->kr_owned);
   osr_revocations_free(dp->rev);
+  osr__dp_activity_free(dp);
+  osr__dp_endpoint_free(dp);
+  if (dp->cfg.gateway_key != NULL)
+    OPENSSL_cleanse((char *)dp->cfg.gateway_key, strlen(dp->cfg.gateway_key));
   OPENSSL_cleanse(dp->agent_secret, sizeof(dp->agent_secret));
   osr_free(dp->strings);
   osr_free(dp);
@@ -511,6 +539,7 @@ int osr_dataplane_start(uv_loop_t *loop, const osr_dataplane_config_t *cfg, osr_
                    dp->cfg.keys_dir != NULL ? dp->cfg.keys_refresh_ms : 0, dp->cfg.keys_refresh_ms);
   }
   uv_timer_start(&dp->pool_timer, on_pool_timer, 1000, 1000);
+  osr__dp_activity_start(dp);
   *out = dp;
   return 0;
 
@@ -596,6 +625,7 @@ void osr_dataplane_stop(osr_dataplane_t *dp, uint64_t grace_ms, void (*cb)(void 
     uv_close((uv_handle_t *)&dp->pool_timer, on_handle_closed);
   }
   osr__dp_pools_sweep(dp, 0);
+  osr__dp_activity_stop(dp); /* before Redis closes: a send in flight ends with it */
   if (dp->redis != NULL) {
     dp->closing_handles++;
     osr_redis_close(dp->redis, on_redis_closed, dp);

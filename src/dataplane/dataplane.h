@@ -73,6 +73,28 @@ typedef struct osr_dataplane_config_s {
    *  secret, sandbox id)) (token.h osr_agent_token), what the gateway
    *  started the agent with. NULL = send none (agents running open). */
   const uint8_t *agent_secret;
+
+  /* (Additive.) Activity reports for idle timeouts (docs/dataplane.md,
+   * "Activity"). Every sandbox with traffic or an open stream/tunnel in an
+   * interval is reported once at the end of it, through the first of:
+   * activity_cb (in-process, `osr serve`), Redis (redis_url: the hash the
+   * gateways drain), gateway_url (POST /v1/internal/activity). */
+  uint64_t activity_interval_ms; /**< default 5000 */
+  size_t activity_max;           /**< sandboxes tracked at once, default 100000 */
+  /** Called on the loop thread for each active sandbox at the end of each
+   *  interval; must not block. NULL = use Redis / gateway_url. */
+  void (*activity_cb)(void *data, const char *sandbox_id, int64_t at_ms);
+  void *activity_data;
+  /** HTTP fallback (or the only transport without Redis): a gateway's base
+   *  URL, http:// or https://, and the key it accepts (the admin key). */
+  const char *gateway_url;
+  const char *gateway_key;
+  /** Agent endpoint refresh (docs/dataplane.md, "Endpoint refresh"): with
+   *  redis_url, endpoints are read from the binding cache and kept this
+   *  long in process; default 2000. */
+  uint64_t endpoint_ttl_ms;
+  /** Bearer key for GET /metrics; NULL = open (bind to a private address). */
+  const char *metrics_key;
 } osr_dataplane_config_t;
 
 /**

@@ -10,6 +10,7 @@
 #include <uv.h>
 
 #include "dataplane/dataplane.h"
+#include "dataplane/dp_activity.h"
 #include "net/http.h"
 #include "token/token.h"
 
@@ -98,6 +99,10 @@ struct osr_dataplane_s {
   size_t nsplices;
   /* counters (logged at stop; tests read the log) */
   uint64_t n_requests, n_refused, n_forwarded, n_upstream_fail;
+  /* activity reports, endpoint refresh, GET /metrics (dp_activity.h) */
+  dp_activity_t *activity;
+  dp_epcache_t *epcache;
+  dp_metrics_t m;
   /* stop */
   int stopping;
   int closing_handles;

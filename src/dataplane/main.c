@@ -23,6 +23,9 @@ static void usage(FILE *f)
              "                     (--keys-dir DIR | --keys-url URL) [--keys-refresh-ms N]\n"
              "                     [--redis URL] [--domain D] [--tls-cert F --tls-key F]\n"
              "                     [--max-conns N] [--grace-ms N] [--agent-secret-file F]\n"
+             "                     [--activity-interval-ms N] [--activity-max N]\n"
+             "                     [--gateway-url URL --gateway-key-file F]\n"
+             "                     [--endpoint-ttl-ms N] [--metrics-key-file F]\n"
              "                     [--log-level trace|debug|info|warn|error|off] [--log-json]\n");
 }
 
@@ -47,6 +50,26 @@ static void on_signal(uv_signal_t *s, int sig)
   osr_dataplane_stop(g_dp, g_grace_ms, on_stopped, NULL);
 }
 
+/* A secret from a file (first line, at most 512 bytes): start-up only, so
+ * reading synchronously is fine. Returns 0 or -1 with a message printed. */
+static int read_secret(const char *path, char *out, size_t outlen)
+{
+  FILE *f = fopen(path, "r");
+  if (f == NULL) {
+    fprintf(stderr, "osr-dataplane: cannot read %s\n", path);
+    return -1;
+  }
+  size_t n = fread(out, 1, outlen - 1, f);
+  fclose(f);
+  out[n] = '\0';
+  out[strcspn(out, "\r\n")] = '\0';
+  if (out[0] == '\0') {
+    fprintf(stderr, "osr-dataplane: %s is empty\n", path);
+    return -1;
+  }
+  return 0;
+}
+
 static int num_arg(const char *s, uint64_t *out)
 {
   char *end;
@@ -66,6 +89,7 @@ int main(int argc, char **argv)
   uint64_t v;
   const char *secret_file = NULL;
   uint8_t secret[OSR_AGENT_SECRET_LEN];
+  static char gw_key[513], metrics_key[513];
 
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i];
@@ -105,6 +129,38 @@ int main(int argc, char **argv)
         return 2;
       }
       cfg.keys_refresh_ms = v;
+    } else if (strcmp(o, "--activity-interval-ms") == 0) {
+      if (num_arg(a, &v) != 0 || v < 100 || v > 3600000) {
+        fprintf(stderr, "osr-dataplane: bad --activity-interval-ms (100..3600000)\n");
+        return 2;
+      }
+      cfg.activity_interval_ms = v;
+    } else if (strcmp(o, "--activity-max") == 0) {
+      if (num_arg(a, &v) != 0 || v == 0 || v > 10000000) {
+        fprintf(stderr, "osr-dataplane: bad --activity-max\n");
+        return 2;
+      }
+      cfg.activity_max = (size_t)v;
+    } else if (strcmp(o, "--gateway-url") == 0) {
+      if (strncmp(a, "http://", 7) != 0 && strncmp(a, "https://", 8) != 0) {
+        fprintf(stderr, "osr-dataplane: --gateway-url must be http:// or https://\n");
+        return 2;
+      }
+      cfg.gateway_url = a;
+    } else if (strcmp(o, "--gateway-key-file") == 0) {
+      if (read_secret(a, gw_key, sizeof(gw_key)) != 0)
+        return 2;
+      cfg.gateway_key = gw_key;
+    } else if (strcmp(o, "--endpoint-ttl-ms") == 0) {
+      if (num_arg(a, &v) != 0 || v < 10 || v > 3600000) {
+        fprintf(stderr, "osr-dataplane: bad --endpoint-ttl-ms (10..3600000)\n");
+        return 2;
+      }
+      cfg.endpoint_ttl_ms = v;
+    } else if (strcmp(o, "--metrics-key-file") == 0) {
+      if (read_secret(a, metrics_key, sizeof(metrics_key)) != 0)
+        return 2;
+      cfg.metrics_key = metrics_key;
     } else if (strcmp(o, "--redis") == 0) {
       cfg.redis_url = a;
     } else if (strcmp(o, "--domain") == 0) {
@@ -137,6 +193,10 @@ int main(int argc, char **argv)
       usage(stderr);
       return 2;
     }
+  }
+  if ((cfg.gateway_url == NULL) != (cfg.gateway_key == NULL)) {
+    fprintf(stderr, "osr-dataplane: --gateway-url and --gateway-key-file go together\n");
+    return 2;
   }
   if (cfg.nlisten == 0 || (cfg.keys_dir == NULL && cfg.keys_url == NULL) ||
       (cfg.keys_dir != NULL && cfg.keys_url != NULL) ||
@@ -173,6 +233,8 @@ int main(int argc, char **argv)
   uv_loop_t *loop = uv_default_loop();
   int rv = osr_dataplane_start(loop, &cfg, &g_dp);
   memset(secret, 0, sizeof(secret)); /* copied by start */
+  memset(gw_key, 0, sizeof(gw_key));
+  memset(metrics_key, 0, sizeof(metrics_key));
   if (rv != 0) {
     uv_run(loop, UV_RUN_DEFAULT); /* let a partial start close itself */
     uv_loop_close(loop);

@@ -362,6 +362,7 @@ struct dp_stream_s {
   int responded;
   int resp_writing;
   int end_pending; /* upstream response complete, last write in flight */
+  dp_act_t *act;   /* activity entry of the sandbox (dp_activity.h), may be NULL */
 };
 
 static void stream_acquire(dp_stream_t *st);
@@ -375,6 +376,7 @@ static void stream_maybe_free(dp_stream_t *st)
     osr_http_client_close(st->client);
     st->client = NULL;
   }
+  osr__dp_act_close(dp, st->act);
   osr_free(st->target);
   osr_free(st);
   dp->nstreams--;
@@ -391,6 +393,7 @@ static void upstream_failed(dp_stream_t *st, int status)
     OSR_LOG_DEBUG(MOD, "%s: upstream %s port %u: %s", st->req->peer, st->addr, st->port,
                   osr_strerror(status));
     st->responded = 1;
+    osr__dp_count(st->dp, st->port == OSR_DP_ENVD_PORT ? DP_KIND_ENVD : DP_KIND_PORT, 502);
     osr__dp_error(st->req, 502, st->sid, "The sandbox was not found");
   } else {
     OSR_LOG_DEBUG(MOD, "upstream %s port %u failed mid-response: %s", st->addr, st->port,
@@ -517,6 +520,7 @@ static void creq_on_response(osr_http_creq_t *r, int status, const osr_http_head
     out[k++] = h[i];
   }
   st->responded = 1;
+  osr__dp_count(st->dp, st->port == OSR_DP_ENVD_PORT ? DP_KIND_ENVD : DP_KIND_PORT, status);
   if (osr_http_respond(st->req, status, out, k, cl) != 0)
     osr_http_abort(st->req);
 }
@@ -527,6 +531,7 @@ static void creq_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int statu
   if (status == 0) {
     if (st->req == NULL || chunk->len == 0)
       return;
+    st->dp->m.bytes_out += chunk->len;
     osr_http_creq_hold(r);
     st->resp_writing = 1;
     int wrv = osr_http_write(st->req, chunk, 1, 0, on_resp_written, st);
@@ -632,6 +637,7 @@ static void req_on_body(osr_http_req_t *req, const osr_iovec_t *chunk, int statu
   if (status == 0) {
     if (chunk->len == 0 || st->req_cl == 0)
       return;
+    st->dp->m.bytes_in += chunk->len;
     osr_http_req_hold(req); /* the chunk stays in the server's input */
     if (st->creq == NULL) {
       st->pending = *chunk; /* sent once the upstream request exists */
@@ -812,6 +818,7 @@ struct dp_splice_s {
   osr_dataplane_t *dp;
   dp_splice_t *prev, *next;
   osr_splice_t *sp;
+  dp_act_t *act; /* an open tunnel keeps its sandbox active (dp_activity.h) */
 };
 
 static void on_splice_closed(osr_splice_t *sp, void *data)
@@ -825,6 +832,7 @@ static void on_splice_closed(osr_splice_t *sp, void *data)
     dp->splices = w->next;
   if (w->next != NULL)
     w->next->prev = w->prev;
+  osr__dp_act_close(dp, w->act);
   osr_free(w);
   dp->nsplices--;
   if (dp->stopping)
@@ -911,6 +919,7 @@ static void on_upg_close(osr_sock_t *s)
 {
   dp_upg_t *u = s->data;
   if (u->req != NULL) {
+    osr__dp_count(u->dp, DP_KIND_UPGRADE, 502);
     u->req->on_done = NULL;
     osr__dp_error(u->req, 502, u->sid, "the port closed the connection");
   }
@@ -938,6 +947,7 @@ static void on_upg_head_read(osr_sock_t *s, int status)
      * (the server refused the upgrade) is reported, not streamed. */
     char msg[96];
     snprintf(msg, sizeof(msg), "the port answered the upgrade with HTTP %d", code);
+    osr__dp_count(u->dp, DP_KIND_UPGRADE, 502);
     u->req = NULL;
     req->on_done = NULL;
     osr__dp_error(req, 502, u->sid, msg);
@@ -948,6 +958,8 @@ static void on_upg_head_read(osr_sock_t *s, int status)
   size_t n = parse_resp_headers(p, e, h, OSR_ARRAY_SIZE(h));
   osr_sock_read_stop(s);
   dp_splice_t *sp = splice_new(u->dp, s);
+  sp->act = osr__dp_act_open(u->dp, u->sid);
+  osr__dp_count(u->dp, DP_KIND_UPGRADE, 101);
   req->on_done = NULL;
   u->req = NULL;
   osr_splice_t *relay = sp->sp; /* sp may be freed once the relay closes */
@@ -967,6 +979,7 @@ static void on_upg_tunnel(osr_sock_t *s, int status, int http_status, void *data
   if (status != 0) {
     u->dp->n_upstream_fail++;
     if (u->req != NULL) {
+      osr__dp_count(u->dp, DP_KIND_UPGRADE, 502);
       u->req->on_done = NULL;
       osr__dp_error(u->req, 502, u->sid,
                     http_status == 502 ? "nothing listens on that port in the sandbox"
@@ -1026,6 +1039,7 @@ static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char
   u->req = req;
   snprintf(u->sid, sizeof(u->sid), "%s", sid);
   dp->nstreams++;
+  osr__dp_act_close(dp, osr__dp_act_open(dp, sid)); /* the attempt is activity too */
   req->data = u;
   req->on_done = upg_req_done;
   char agent_tok[65] = "";
@@ -1065,6 +1079,7 @@ void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr,
   st->tok_src = tok_src;
   if (dp->cfg.agent_secret != NULL)
     (void)osr_agent_token(dp->cfg.agent_secret, sid, st->agent_tok);
+  st->act = osr__dp_act_open(dp, sid);
   st->req_cl = !req->expect_body ? 0 : req->content_length >= 0 ? req->content_length : -1;
   if (st->req_cl == 0)
     st->req_body_sent = 1;

@@ -37,6 +37,7 @@
 #include "osr_config.h"
 #include "util/buf.h"
 #include "util/log.h"
+#include "gateway/activity.h"
 #include "util/mem.h"
 #include "util/text.h"
 
@@ -89,6 +90,8 @@ static const route_t routes[] = {
     ROUTE("GET", "/v1/keys/signing", osr_gw_keys_signing, AUTH_NONE, 0),
     ROUTE("DELETE", "/v1/keys/{id}", osr_gw_keys_revoke, AUTH_ADMIN, 0),
     ROUTE("GET", "/v1/audit", osr_gw_audit_list, AUTH_TENANT, 0),
+    /* Data planes report traffic for idle timeouts (gateway/activity.c). */
+    ROUTE("POST", "/v1/internal/activity", osr_gw_activity_post, AUTH_ADMIN, 1),
     /* The E2B-compatible front door (api_e2b.c, docs/e2b-compat.md). */
     ROUTE("POST", "/sandboxes", osr_gw_e2b_create, AUTH_E2B, 1),
     ROUTE("GET", "/sandboxes", osr_gw_e2b_list, AUTH_E2B, 0),

@@ -331,6 +331,8 @@ static void serve(main_t *m)
   /* After the API's "listening on" lines (scripts take the first one as the
    * API's port), before "ready". */
   if (m->embed != NULL && m->embed->start != NULL) {
+    if (m->embed->attach != NULL)
+      m->embed->attach(m->embed->data, gw);
     int rv = m->embed->start(m->embed->data, gw->loop, &m->cfg, gw->keyring,
                              gw->has_agent_secret ? gw->agent_secret : NULL);
     if (rv != 0) {

@@ -21,6 +21,7 @@ int osr_gateway_main(int argc, char **argv, const char *prog);
 
 typedef struct osr_gw_config_s osr_gw_config_t;
 typedef struct osr_keyring_s osr_keyring_t;
+struct osr_gw_s; /* gateway/gw.h */
 
 /**
  * (Additive.) Something the process runs next to the gateway on the same
@@ -42,6 +43,10 @@ typedef struct osr_gateway_embed_s {
                const uint8_t *agent_secret);
   void (*stop)(void *data, uint64_t grace_ms, void (*done)(void *arg), void *arg);
   void *data;
+  /** (Additive, may be NULL.) Called once right before start with the
+   *  gateway itself, valid until stop's done fired: `osr serve` hands its
+   *  data plane's activity reports to osr_gw_activity_report (activity.h). */
+  void (*attach)(void *data, struct osr_gw_s *gw);
 } osr_gateway_embed_t;
 
 /** (Additive.) osr_gateway_main with an embedded component (may be NULL). */

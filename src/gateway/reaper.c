@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gateway/activity.h"
 #include "gateway/metrics.h"
 #include "gateway/reaper.h"
 #include "gateway/sandboxes.h"
@@ -512,6 +513,16 @@ static void pass_end(osr_reaper_t *r, int status)
   }
 }
 
+static void activity_drained(void *data)
+{
+  osr_reaper_t *r = data;
+  if (r->stopping) {
+    pass_end(r, 0);
+    return;
+  }
+  osr__resolve_creating(r->gw, 0, stale_resolved, r);
+}
+
 static void pass_start(osr_reaper_t *r)
 {
   if (r->running || r->stopping)
@@ -529,7 +540,9 @@ static void pass_start(osr_reaper_t *r)
   r->pass_start_ms = osr_now_ms();
   memset(r->counts, 0, sizeof(r->counts));
   r->cursor[0] = '\0';
-  osr__resolve_creating(r->gw, 0, stale_resolved, r);
+  /* Activity the data planes left in Redis goes into the store first, so
+   * the idle decisions of this pass see every report made before it. */
+  osr__gw_activity_drain(r->gw, activity_drained, r);
 }
 
 static void on_tick(uv_timer_t *t)
