@@ -1,31 +1,47 @@
 #!/usr/bin/env python3
-"""Data plane benchmark (issue 5): four paths to the same backend, side by side.
+"""Data plane benchmark (issue 5): the same backend through five paths, side by side.
 
-  direct     wrk/curl -> backend
-  dataplane  -> osr-dataplane -> osr-agent tunnel (unix socket) -> backend
-  nginx      -> nginx (proxy_pass, upstream keepalive) -> backend
-  haproxy    -> haproxy (mode http, http-reuse always) -> backend
+  direct      client -> backend
+  dataplane   -> osr-dataplane -> osr-agent port tunnel (unix socket) -> backend
+              (the full OSR path: one hop more than the proxies)
+  dp-copy     the same with OSR_SPLICE=0 (no splice(2): every relay on the
+              copy path), to show what splice(2) brings
+  nginx       -> nginx (proxy_pass, upstream keepalive, WebSocket upgrade) -> backend
+  haproxy     -> haproxy (mode http, http-reuse always) -> backend
 
-The backend is nginx serving /hello (12 bytes) and /big (a 1 GiB file).
-Proxies, agent and backend are pinned to --server-cpu with one worker each,
-the load generator to --client-cpu; rounds are interleaved (every path once
-per round) and the median round is reported. Note that the data plane path
-has one more hop than nginx/haproxy (the agent's port tunnel, as in
-production): it is the full OSR path, not the proxy alone.
+Backends: nginx serving /hello (12 bytes) and /big (1 GiB), and a small
+asyncio WebSocket echo server (bench/dataplane_bench.py --ws-backend).
+Proxies, agent and backends are pinned to --server-cpu with one worker
+each, every load generator to --client-cpu; rounds are interleaved (every
+path once per round, in rotating order) and medians are reported.
 
-Measured: requests/s and p50/p99 latency with wrk (closed loop, --conns
-connections; the issue's open-loop 5k req/s figure needs wrk2, not in
-Debian), and the 1 GiB download throughput (curl, one stream).
+Rows, per path:
+  req/s        wrk closed loop (--conns connections, --duration s)
+  CPU us/req   user+system CPU of the proxy processes during that wrk run
+               (osr-dataplane + osr-agent for the OSR paths) / requests
+  p50/p99/p99.9 at a fixed --rate req/s, open loop (bench/openloop.c),
+               minus direct
+  1 GiB        curl download, MB/s and x direct
+  WS echo      p50 round trip of a 16-byte WebSocket message, minus direct
+  RSS          VmRSS growth of the proxy processes / N for N idle HTTP
+               keep-alive connections and N idle WebSockets (--idle N)
 
 Usage: bench/dataplane_bench.py [--build DIR] [--rounds N] [--duration S]
-                                [--conns N] [--no-big]
-Needs: wrk, curl, nginx, haproxy, taskset.
+            [--conns N] [--rate R] [--idle N] [--paths a,b] [--no-big]
+Needs: wrk, curl, nginx, haproxy, taskset; the build's osr-dataplane,
+osr-agent, dp-mint and bench/openloop.
 """
 import argparse
+import asyncio
+import base64
+import hashlib
 import os
 import re
+import resource
 import shutil
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,43 +51,134 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 import services  # noqa: E402
 
-BACKEND = """user root; worker_processes 1; daemon off; pid {d}/b.pid; error_log {d}/b.err warn;
-events {{ worker_connections 4096; }}
-http {{ access_log off; sendfile on; keepalive_requests 1000000;
+WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+BACKEND = """user root; worker_processes 1; daemon off; master_process off; pid {d}/b.pid;
+error_log {d}/b.err warn; worker_rlimit_nofile 20000;
+events {{ worker_connections 19000; }}
+http {{ access_log off; sendfile on; keepalive_requests 100000000; keepalive_timeout 600s;
   client_body_temp_path {d}/b1; proxy_temp_path {d}/b2; fastcgi_temp_path {d}/b3;
   uwsgi_temp_path {d}/b4; scgi_temp_path {d}/b5;
   server {{ listen 127.0.0.1:{port}; root {d}/www;
     location = /hello {{ default_type text/plain; return 200 "hello world\\n"; }} }} }}
 """
-NGINX = """user root; worker_processes 1; daemon off; pid {d}/n.pid; error_log {d}/n.err warn;
-events {{ worker_connections 4096; }}
-http {{ access_log off; keepalive_requests 1000000;
+NGINX = """user root; worker_processes 1; daemon off; master_process off; pid {d}/n.pid;
+error_log {d}/n.err warn; worker_rlimit_nofile 20000;
+events {{ worker_connections 19000; }}
+http {{ access_log off; keepalive_requests 100000000; keepalive_timeout 600s;
   client_body_temp_path {d}/n1; proxy_temp_path {d}/n2; fastcgi_temp_path {d}/n3;
   uwsgi_temp_path {d}/n4; scgi_temp_path {d}/n5;
+  map $http_upgrade $conn {{ default upgrade; '' ''; }}
   upstream b {{ server 127.0.0.1:{bport}; keepalive 64; }}
+  upstream w {{ server 127.0.0.1:{wport}; }}
   server {{ listen 127.0.0.1:{port};
     location / {{ proxy_pass http://b; proxy_http_version 1.1; proxy_set_header Connection "";
-                 proxy_buffering off; }} }} }}
+                 proxy_buffering off; }}
+    location /ws {{ proxy_pass http://w; proxy_http_version 1.1; proxy_buffering off;
+                   proxy_set_header Upgrade $http_upgrade; proxy_set_header Connection $conn;
+                   proxy_read_timeout 600s; }} }} }}
 """
 HAPROXY = """global
   nbthread 1
+  maxconn 9900
 defaults
   mode http
+  maxconn 9900
   timeout connect 5s
-  timeout client 60s
-  timeout server 60s
+  timeout client 600s
+  timeout server 600s
+  timeout tunnel 600s
   http-reuse always
 frontend f
   bind 127.0.0.1:{port}
+  use_backend w if {{ path_beg /ws }}
   default_backend b
 backend b
   server s1 127.0.0.1:{bport}
+backend w
+  server s1 127.0.0.1:{wport}
 """
 
 
-def pinned(cpu, args, **kw):
-    return subprocess.Popen(["taskset", "-c", str(cpu)] + args, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, **kw)
+# ---- WebSocket echo backend (run as a child: --ws-backend PORT) ----------------
+
+async def ws_serve(reader, writer):
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        key = re.search(rb"(?i)sec-websocket-key:\s*(\S+)", head).group(1)
+        acc = base64.b64encode(hashlib.sha1(key + WS_GUID.encode()).digest())
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                     b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+        while True:
+            h = await reader.readexactly(2)
+            n = h[1] & 0x7F
+            if n == 126:
+                n = struct.unpack("!H", await reader.readexactly(2))[0]
+            elif n == 127:
+                n = struct.unpack("!Q", await reader.readexactly(8))[0]
+            mask = await reader.readexactly(4) if h[1] & 0x80 else b"\0\0\0\0"
+            data = bytearray(await reader.readexactly(n))
+            for i in range(n):
+                data[i] ^= mask[i % 4]
+            if h[0] & 0x0F == 8:
+                break
+            writer.write(bytes([h[0], n]) + bytes(data) if n < 126 else
+                         bytes([h[0], 126]) + struct.pack("!H", n) + bytes(data))
+    except (asyncio.IncompleteReadError, ConnectionError, AttributeError):
+        pass
+    writer.close()
+
+
+def ws_backend(port):
+    async def main():
+        srv = await asyncio.start_server(ws_serve, "127.0.0.1", port, backlog=4096)
+        async with srv:
+            await srv.serve_forever()
+    asyncio.run(main())
+
+
+def ws_connect(port, path, headers=()):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    key = base64.b64encode(os.urandom(16)).decode()
+    req = "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" \
+          "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n" % (path, port, key)
+    for h in headers:
+        req += h + "\r\n"
+    s.sendall((req + "\r\n").encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(4096)
+        if not d:
+            raise RuntimeError("websocket handshake: connection closed")
+        buf += d
+    if not buf.startswith(b"HTTP/1.1 101"):
+        raise RuntimeError("websocket handshake: " + buf[:40].decode(errors="replace"))
+    return s
+
+
+def ws_echo_p50(port, path, headers, n):
+    s = ws_connect(port, path, headers)
+    msg = b"0123456789abcdef"
+    frame = bytes([0x82, 0x80 | len(msg)]) + b"\0\0\0\0" + msg  # zero mask
+    lat = []
+    for i in range(n):
+        t = time.perf_counter()
+        s.sendall(frame)
+        got = b""
+        while len(got) < 2 + len(msg):
+            got += s.recv(4096)
+        lat.append(time.perf_counter() - t)
+    s.close()
+    lat.sort()
+    return lat[len(lat) // 2] * 1e6
+
+
+# ---- helpers --------------------------------------------------------------------
+
+def pinned(cpu, args, env=None):
+    return subprocess.Popen(["taskset", "-c", str(cpu)] + args, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
 
 
 def stop(p):
@@ -84,26 +191,68 @@ def stop(p):
             p.wait()
 
 
+def cpu_s(pids):
+    t = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        t += int(fields[11]) + int(fields[12])  # utime, stime
+    return t / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pids):
+    t = 0
+    for pid in pids:
+        with open("/proc/%d/status" % pid) as f:
+            t += int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+    return t
+
+
 def wrk(cpu, url, duration, conns, headers=()):
-    args = ["taskset", "-c", str(cpu), "wrk", "-t1", "-c%d" % conns, "-d%ds" % duration, "--latency"]
+    args = ["taskset", "-c", str(cpu), "wrk", "-t1", "-c%d" % conns, "-d%ds" % duration]
     for h in headers:
         args += ["-H", h]
     out = subprocess.run(args + [url], capture_output=True, text=True, timeout=duration + 60).stdout
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    m = re.search(r"(\d+) requests in", out)
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)), int(m.group(1))
 
-    def lat(p):
-        m = re.search(r"\s%s%%\s+([\d.]+)(us|ms|s)" % p, out)
-        v = float(m.group(1))
-        return v * {"us": 1, "ms": 1e3, "s": 1e6}[m.group(2)]
-    return rps, lat("50"), lat("99")
+
+def openloop(exe, cpu, port, path, rate, secs, headers=()):
+    out = subprocess.run(["taskset", "-c", str(cpu), exe, "127.0.0.1", str(port), path, str(rate),
+                          str(secs), "50"] + list(headers), capture_output=True, text=True,
+                         timeout=secs + 60).stdout
+    m = re.search(r"errors (\d+) measured \d+ p50 (\d+) p99 (\d+) p999 (\d+)", out)
+    if m is None:
+        raise RuntimeError("openloop: " + out)
+    return int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))
 
 
 def download(cpu, url, headers=()):
-    args = ["taskset", "-c", str(cpu), "curl", "-sS", "--fail", "-o", "/dev/null", "-w", "%{speed_download}"]
+    args = ["taskset", "-c", str(cpu), "curl", "-sS", "--fail", "-o", "/dev/null", "-w",
+            "%{speed_download} %{size_download}"]
     for h in headers:
         args += ["-H", h]
-    return float(subprocess.run(args + [url], capture_output=True, text=True, timeout=600,
-                                check=True).stdout) / 1e6  # MB/s
+    out = subprocess.run(args + [url], capture_output=True, text=True, timeout=600,
+                         check=True).stdout.split()
+    if int(out[1]) != 1 << 30:
+        raise RuntimeError("short download: %s bytes" % out[1])
+    return float(out[0]) / 1e6  # MB/s
+
+
+def idle_http(port, path, headers, n):
+    req = ("GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (path, "".join(h + "\r\n" for h in headers)))
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(req.encode())
+        buf = b""
+        while not buf.endswith(b"hello world\n"):
+            d = s.recv(4096)
+            if not d:
+                raise RuntimeError("idle http: closed")
+            buf += d
+        socks.append(s)
+    return socks
 
 
 def main():
@@ -112,16 +261,33 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=5)
     ap.add_argument("--conns", type=int, default=50)
+    ap.add_argument("--rate", type=int, default=5000)
+    ap.add_argument("--rate-secs", type=int, default=10)
+    ap.add_argument("--idle", type=int, default=4900)
+    ap.add_argument("--ws-n", type=int, default=2000)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
+    ap.add_argument("--paths", default="direct,dataplane,dp-copy,nginx,haproxy")
     ap.add_argument("--no-big", action="store_true")
+    ap.add_argument("--ws-backend", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.ws_backend:
+        return ws_backend(a.ws_backend)
     for tool in ("wrk", "curl", "nginx", "haproxy", "taskset"):
         if shutil.which(tool) is None:
             sys.exit("missing %s" % tool)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    try:  # children inherit it; root may raise the hard limit too
+        resource.setrlimit(resource.RLIMIT_NOFILE, (65536, max(hard, 65536)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 3 * a.idle + 1000:
+        sys.exit("ulimit -n too low for --idle %d" % a.idle)
     dpexe = os.path.join(a.build, "src", "osr-dataplane")
     agent = os.path.join(a.build, "src", "osr-agent")
     mint = os.path.join(a.build, "tests", "integration", "dataplane", "dp-mint")
+    olexe = os.path.join(a.build, "bench", "openloop")
+    want = a.paths.split(",")
     d = tempfile.mkdtemp(prefix="osr-dpbench-")
     procs = []
     try:
@@ -132,54 +298,119 @@ def main():
                 chunk = os.urandom(1 << 20)
                 for _ in range(1024):
                     f.write(chunk)
-        bport, nport, hport, dport = (services.free_port() for _ in range(4))
+        bport, wport, nport, hport, dport, cport = (services.free_port() for _ in range(6))
         for name, conf, port in (("backend", BACKEND, bport), ("nginx", NGINX, nport)):
             path = os.path.join(d, name + ".conf")
             with open(path, "w") as f:
-                f.write(conf.format(d=d, port=port, bport=bport))
+                f.write(conf.format(d=d, port=port, bport=bport, wport=wport))
             procs.append(pinned(a.server_cpu, ["nginx", "-c", path, "-p", d]))
+        nginx_pid = procs[-1].pid
         path = os.path.join(d, "haproxy.cfg")
         with open(path, "w") as f:
-            f.write(HAPROXY.format(port=hport, bport=bport))
+            f.write(HAPROXY.format(port=hport, bport=bport, wport=wport))
         procs.append(pinned(a.server_cpu, ["haproxy", "-f", path]))
-        sock = os.path.join(d, "agent.sock")
-        procs.append(pinned(a.server_cpu, [agent, "--listen", "unix:" + sock, "--log-level", "warn"]))
-        subprocess.run([mint, "genkey", os.path.join(d, "keys"), "k1"], check=True)
-        procs.append(pinned(a.server_cpu, [dpexe, "--listen", "127.0.0.1:%d" % dport, "--keys-dir",
-                                           os.path.join(d, "keys"), "--log-level", "warn"]))
-        for p in (bport, nport, hport, dport):
+        haproxy_pid = procs[-1].pid
+        procs.append(pinned(a.server_cpu, [sys.executable, __file__, "--ws-backend", str(wport)]))
+        subprocess.run([mint, "genkey", os.path.join(d, "keys"), "k1"], check=True,
+                       stdout=subprocess.DEVNULL)
+        osr = {}
+        for name, port, splice in (("dataplane", dport, "1"), ("dp-copy", cport, "0")):
+            env = dict(os.environ, OSR_SPLICE=splice)
+            sock = os.path.join(d, name + ".sock")
+            procs.append(pinned(a.server_cpu, [agent, "--listen", "unix:" + sock, "--log-level",
+                                               "warn"], env))
+            ag = procs[-1].pid
+            procs.append(pinned(a.server_cpu, [dpexe, "--listen", "127.0.0.1:%d" % port,
+                                               "--keys-dir", os.path.join(d, "keys"),
+                                               "--log-level", "warn"], env))
+            osr[name] = (port, sock, [procs[-1].pid, ag])
+        for p in (bport, wport, nport, hport, dport, cport):
             services._wait_port(p)
-        while not os.path.exists(sock):
-            time.sleep(0.05)
-        tok = subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1", "unix:" + sock, "ports",
-                              str(bport), "86400"], capture_output=True, text=True, check=True).stdout.strip()
-        paths = {
-            "direct": ("http://127.0.0.1:%d" % bport, ()),
-            "dataplane": ("http://127.0.0.1:%d/sbx/s1/%d" % (dport, bport), ("X-Access-Token: " + tok,)),
-            "nginx": ("http://127.0.0.1:%d" % nport, ()),
-            "haproxy": ("http://127.0.0.1:%d" % hport, ()),
-        }
-        res = {k: {"rps": [], "p50": [], "p99": [], "big": []} for k in paths}
+        for _, sock, _ in osr.values():
+            for _ in range(200):
+                if os.path.exists(sock):
+                    break
+                time.sleep(0.05)
+        # path -> (port, URL prefix, headers, pids of the proxy processes)
+        paths = {"direct": (bport, "", (), []), "nginx": (nport, "", (), [nginx_pid]),
+                 "haproxy": (hport, "", (), [haproxy_pid])}
+        for name, (port, sock, pids) in osr.items():
+            tok = subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1", "unix:" + sock,
+                                  "ports", "all", "86400"], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+            paths[name] = (port, "/sbx/s1/%d", ("X-Access-Token: " + tok,), pids)
+        paths = {k: v for k, v in paths.items() if k in want}
+
+        def prefix(name, backend_port):
+            p = paths[name][1]
+            return p % backend_port if "%d" in p else p
+
+        # Idle connections first, on fresh processes: memory freed by the timed
+        # rounds would be reused and hide what idle connections cost.
+        names = list(paths)
+        idle = {}
+        for name in names:
+            port, _, hdr, pids = paths[name]
+            if not pids:
+                continue
+            r0 = rss_kib(pids)
+            hsocks = idle_http(port, prefix(name, bport) + "/hello", hdr, a.idle)
+            time.sleep(1)
+            r1 = rss_kib(pids)
+            # The HTTP connections stay open while the WebSockets are measured:
+            # memory they freed would be reused and hide the WebSockets' cost.
+            r2 = r1
+            w0 = [rss_kib([p]) for p in pids]
+            socks = [ws_connect(port, prefix(name, wport) + "/ws", hdr) for _ in range(a.idle)]
+            time.sleep(1)
+            r3 = rss_kib(pids)
+            w1 = [rss_kib([p]) for p in pids]
+            for s in socks + hsocks:
+                s.close()
+            time.sleep(2)
+            idle[name] = ((r1 - r0) / a.idle, (r3 - r2) / a.idle)
+            print("idle %-9s http %.2f KiB/conn, websocket %.2f KiB/conn (RSS %d -> %d, %d -> %d KiB)"
+                  % (name, idle[name][0], idle[name][1], r0, r1, r2, r3), flush=True)
+            if len(pids) > 1:  # the OSR paths: the data plane alone, then the agent
+                print("idle %-9s websocket: osr-dataplane %.2f + osr-agent %.2f KiB/conn" % (
+                    name, (w1[0] - w0[0]) / a.idle, (w1[1] - w0[1]) / a.idle), flush=True)
+        keys = ("rps", "cpu", "p50", "p99", "p999", "big", "ws")
+        res = {k: {m: [] for m in keys} for k in paths}
         for r in range(a.rounds):
-            for name, (base, hdr) in paths.items():
-                rps, p50, p99 = wrk(a.client_cpu, base + "/hello", a.duration, a.conns, hdr)
-                res[name]["rps"].append(rps)
-                res[name]["p50"].append(p50)
-                res[name]["p99"].append(p99)
-                if not a.no_big:
-                    res[name]["big"].append(download(a.client_cpu, base + "/big", hdr))
-                print("round %d %-9s %9.0f req/s p50 %6.0f us p99 %6.0f us %s" % (
-                    r + 1, name, rps, p50, p99,
-                    "" if a.no_big else "1 GiB %.0f MB/s" % res[name]["big"][-1]), flush=True)
-        med = {k: {m: statistics.median(v) if v else 0 for m, v in x.items()} for k, x in res.items()}
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                port, _, hdr, pids = paths[name]
+                base = "http://127.0.0.1:%d%s" % (port, prefix(name, bport))
+                c0 = cpu_s(pids)
+                rps, nreq = wrk(a.client_cpu, base + "/hello", a.duration, a.conns, hdr)
+                cpu = (cpu_s(pids) - c0) / nreq * 1e6 if pids else 0
+                err, p50, p99, p999 = openloop(olexe, a.client_cpu, port,
+                                               prefix(name, bport) + "/hello", a.rate,
+                                               a.rate_secs, hdr)
+                ws = ws_echo_p50(wport if name == "direct" else port, prefix(name, wport) + "/ws",
+                                 hdr, a.ws_n)
+                big = 0 if a.no_big else download(a.client_cpu, base + "/big", hdr)
+                for m, v in zip(keys, (rps, cpu, p50, p99, p999, big, ws)):
+                    res[name][m].append(v)
+                print("round %d %-9s %7.0f req/s %5.1f us/req | %d/s: p50 %5d p99 %5d p99.9 %6d us "
+                      "(%d errors) | ws p50 %4.0f us | 1 GiB %5.0f MB/s" % (
+                          r + 1, name, rps, cpu, a.rate, p50, p99, p999, err, ws, big), flush=True)
+        med = {k: {m: statistics.median(v) for m, v in x.items()} for k, x in res.items()}
         print()
-        print("| path | req/s | p50 µs | p99 µs | added p50 / p99 µs | 1 GiB MB/s | × direct |")
-        print("|---|---|---|---|---|---|---|")
-        dr = med["direct"]
+        dr = med.get("direct")
+        print("| path | req/s | proxy CPU µs/req | added p50 / p99 / p99.9 µs at %d/s | 1 GiB MB/s "
+              "| × direct | WS echo added p50 µs | idle KiB/conn HTTP / WS |" % a.rate)
+        print("|---|---|---|---|---|---|---|---|")
         for k, m in med.items():
-            print("| %s | %.0f | %.0f | %.0f | %+.0f / %+.0f | %s | %s |" % (
-                k, m["rps"], m["p50"], m["p99"], m["p50"] - dr["p50"], m["p99"] - dr["p99"],
-                "-" if a.no_big else "%.0f" % m["big"], "-" if a.no_big else "%.2f" % (m["big"] / dr["big"])))
+            add = ("%+.0f / %+.0f / %+.0f" % (m["p50"] - dr["p50"], m["p99"] - dr["p99"],
+                                            m["p999"] - dr["p999"])) if dr else "-"
+            print("| %s | %.0f | %s | %s | %s | %s | %s | %s |" % (
+                k, m["rps"], "%.1f" % m["cpu"] if paths[k][3] else "-",
+                "%d / %d / %d (abs)" % (m["p50"], m["p99"], m["p999"]) if k == "direct" else add,
+                "-" if a.no_big else "%.0f" % m["big"],
+                "-" if a.no_big or not dr else "%.2f" % (m["big"] / dr["big"]),
+                "%.0f (abs)" % m["ws"] if k == "direct" else ("%+.0f" % (m["ws"] - dr["ws"]) if dr else "-"),
+                "%.2f / %.2f" % idle[k] if k in idle else "-"))
     finally:
         for p in reversed(procs):
             stop(p)

@@ -86,6 +86,7 @@ struct osr_dataplane_s {
   osr_keyring_t *kr_owned;   /* keys_dir / keys_url keyring */
   const osr_keyring_t *kr;   /* what requests verify with; NULL = not loaded */
   osr_revocations_t *rev;
+  struct osr_token_cache_s *tcache; /* verified tokens (token/cache.h) */
   uint8_t agent_secret[32]; /* cfg.agent_secret points here when set */
   struct osr_redis_s *redis;
   uv_timer_t keys_timer;

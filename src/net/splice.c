@@ -1,6 +1,52 @@
+/*
+ * Two-way raw relay (splice.h). Each direction starts on the copy path:
+ * libuv reads into the source socket's input buffer and the same bytes are
+ * written to the other side (no copy in user space, one chunk in flight).
+ *
+ * A direction that turns out to carry bulk data (OSR_SPLICE_AFTER bytes
+ * relayed) and joins two cleartext sockets switches to splice(2) through a
+ * pipe: the bytes then never enter user space at all, each wake-up moves up
+ * to a pipe's worth (OSR_SPLICE_PIPE) with two system calls, and the
+ * read-stop/read-start round per chunk of the copy path disappears. Small
+ * exchanges (a request/response tunnel, an idle WebSocket) never switch, so
+ * they pay no pipe, no extra descriptors and no extra kernel memory; the
+ * benchmark (bench/dataplane_bench.py, OSR_SPLICE=0 for the copy path only)
+ * shows where it pays.
+ *
+ * Spliced direction src -> dst:
+ *   - libuv reading on src stops for good (the switch happens in the write
+ *     callback of the copy path, with src->input empty, so no byte is left
+ *     behind and ordering holds: only this direction writes to dst and its
+ *     last write has completed);
+ *   - readiness comes from a uv_poll_t on a dup() of each socket's
+ *     descriptor: epoll keys registrations by descriptor, and libuv allows
+ *     one watcher per descriptor, so polling the dup never disturbs the
+ *     uv_stream that still writes the other direction;
+ *   - pump: pipe -> dst first, then src -> pipe while the pipe is empty;
+ *     EAGAIN on dst waits for dst writable with src unpolled (backpressure:
+ *     at most one pipe of bytes per direction, held by the kernel);
+ *   - EOF (splice returns 0) with an empty pipe is propagated as before
+ *     (shutdown of dst's write side).
+ * The dups keep the sockets' file descriptions open, so they are closed
+ * (after their poll handles) whenever the splice closes.
+ */
 #include "net/splice.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "util/mem.h"
+
+/* Bytes relayed on the copy path before a direction may switch to
+ * splice(2): below this an exchange is not bulk and a pipe does not pay. */
+#define OSR_SPLICE_AFTER (256 * 1024)
+/* Pipe size asked for (F_SETPIPE_SZ; the default 64 KiB when refused). */
+#define OSR_SPLICE_PIPE (256 * 1024)
+/* Fairness (STYLE 17): bytes one direction moves per wake-up. */
+#define OSR_SPLICE_BURST (1024 * 1024)
 
 typedef struct side_s {
   osr_splice_t *sp;
@@ -8,11 +54,22 @@ typedef struct side_s {
   size_t inflight; /* bytes of s->input being written to the other side */
   int eof;         /* s read EOF */
   int shut;        /* the other side's write half was shut down */
+  uint64_t copied; /* bytes relayed on the copy path (s -> peer) */
+  /* splice(2) path for s -> peer (spliced = 1) */
+  int spliced;
+  int pfd[2];     /* the pipe: [0] read end, [1] write end */
+  size_t piped;   /* bytes in the pipe */
+  int want_out;   /* the peer answered EAGAIN: wait for it to be writable */
+  /* readiness of s's descriptor (either direction may need it) */
+  int dupfd;      /* dup of s's descriptor, polled by `poll`; -1 if none */
+  int polling;    /* `poll` initialised (it holds a reference) */
+  int pev;        /* events `poll` is started with */
+  uv_poll_t poll;
 } side_t;
 
 struct osr_splice_s {
   side_t a, b;
-  int refs; /* open sockets + a pending attach */
+  int refs; /* open sockets + poll handles + a pending attach */
   int dead;
   osr_splice_close_cb on_close;
   void *data;
@@ -27,13 +84,16 @@ static side_t *peer_of(side_t *sd)
   return sd == &sd->sp->a ? &sd->sp->b : &sd->sp->a;
 }
 
-void osr_splice_close(osr_splice_t *sp)
+/* OSR_SPLICE=0 in the environment keeps every relay on the copy path (for
+ * the with/without benchmark). Read once. */
+static int splice_enabled(void)
 {
-  sp->dead = 1;
-  if (sp->a.s != NULL)
-    osr_sock_close(sp->a.s);
-  if (sp->b.s != NULL)
-    osr_sock_close(sp->b.s);
+  static int enabled = -1;
+  if (enabled < 0) {
+    const char *e = getenv("OSR_SPLICE");
+    enabled = !(e != NULL && strcmp(e, "0") == 0);
+  }
+  return enabled;
 }
 
 static void unref(osr_splice_t *sp)
@@ -42,6 +102,38 @@ static void unref(osr_splice_t *sp)
     return;
   sp->on_close(sp, sp->data);
   osr_free(sp);
+}
+
+static void on_poll_closed(uv_handle_t *h)
+{
+  side_t *sd = h->data;
+  close(sd->dupfd);
+  sd->dupfd = -1;
+  unref(sd->sp);
+}
+
+static void side_release_splice(side_t *sd)
+{
+  if (sd->pfd[0] >= 0) {
+    close(sd->pfd[0]);
+    close(sd->pfd[1]);
+    sd->pfd[0] = sd->pfd[1] = -1;
+  }
+  if (sd->polling) {
+    sd->polling = 0;
+    uv_close((uv_handle_t *)&sd->poll, on_poll_closed);
+  }
+}
+
+void osr_splice_close(osr_splice_t *sp)
+{
+  sp->dead = 1;
+  side_release_splice(&sp->a);
+  side_release_splice(&sp->b);
+  if (sp->a.s != NULL)
+    osr_sock_close(sp->a.s);
+  if (sp->b.s != NULL)
+    osr_sock_close(sp->b.s);
 }
 
 static void side_on_close(osr_sock_t *s)
@@ -71,6 +163,174 @@ static void propagate_eof(side_t *sd)
     osr_splice_close(sd->sp);
 }
 
+/* ---- splice(2) path ---------------------------------------------------------- */
+
+static void on_poll(uv_poll_t *h, int status, int events);
+
+/* Start polling sd's descriptor (through a dup). Returns 0 or an error. */
+static int ensure_poll(side_t *sd)
+{
+  if (sd->polling)
+    return 0;
+  int fd;
+  /* The socket's own handle (a net/ sibling may look): uv_fileno is the
+   * only way to its descriptor. */
+  if (uv_fileno(&sd->s->_h.handle, &fd) != 0)
+    return OSR_EINVAL;
+  sd->dupfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (sd->dupfd < 0)
+    return -errno;
+  if (uv_poll_init(sd->s->loop, &sd->poll, sd->dupfd) != 0) {
+    close(sd->dupfd);
+    sd->dupfd = -1;
+    return OSR_EINVAL;
+  }
+  sd->poll.data = sd;
+  sd->polling = 1;
+  sd->pev = 0;
+  sd->sp->refs++; /* released in on_poll_closed */
+  return 0;
+}
+
+/* Poll what the spliced directions through sd's descriptor wait for:
+ * readable when sd -> peer may take more input, writable when the peer's
+ * pipe waits for sd. */
+static void update_poll(side_t *sd)
+{
+  if (!sd->polling)
+    return;
+  side_t *pd = peer_of(sd);
+  int ev = 0;
+  if (sd->spliced && !sd->eof && sd->piped == 0)
+    ev |= UV_READABLE;
+  if (pd->spliced && pd->want_out)
+    ev |= UV_WRITABLE;
+  if (ev == sd->pev)
+    return;
+  sd->pev = ev;
+  if (ev == 0)
+    uv_poll_stop(&sd->poll);
+  else if (uv_poll_start(&sd->poll, ev, on_poll) != 0)
+    osr_splice_close(sd->sp);
+}
+
+/* Move bytes sd -> peer until EAGAIN, EOF, an error or the burst cap. */
+static void pump(side_t *sd)
+{
+  side_t *pd = peer_of(sd);
+  size_t moved = 0;
+  while (!sd->sp->dead && moved < OSR_SPLICE_BURST) {
+    if (sd->piped > 0) {
+      ssize_t n = splice(sd->pfd[0], NULL, pd->dupfd, NULL, sd->piped,
+                         SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (n > 0) {
+        sd->piped -= (size_t)n;
+        moved += (size_t)n;
+        continue;
+      }
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && errno == EAGAIN) {
+        sd->want_out = 1; /* sd stays unpolled for reading: backpressure */
+        break;
+      }
+      osr_splice_close(sd->sp);
+      return;
+    }
+    sd->want_out = 0;
+    if (sd->eof) {
+      propagate_eof(sd);
+      break;
+    }
+    ssize_t n = splice(sd->dupfd, NULL, sd->pfd[1], NULL, OSR_SPLICE_PIPE,
+                       SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n > 0) {
+      sd->piped = (size_t)n;
+      continue;
+    }
+    if (n == 0) {
+      sd->eof = 1;
+      continue; /* propagate it above */
+    }
+    if (errno == EINTR)
+      continue;
+    if (errno == EAGAIN)
+      break;
+    osr_splice_close(sd->sp);
+    return;
+  }
+  if (sd->sp->dead)
+    return;
+  /* After a full burst the source stays polled: level-triggered epoll
+   * wakes us again on the next loop turn if more is waiting. */
+  update_poll(sd);
+  update_poll(pd);
+}
+
+static void on_poll(uv_poll_t *h, int status, int events)
+{
+  side_t *sd = h->data;
+  osr_splice_t *sp = sd->sp;
+  if (sp->dead)
+    return;
+  if (status < 0) {
+    osr_splice_close(sp);
+    return;
+  }
+  side_t *pd = peer_of(sd);
+  if ((events & UV_WRITABLE) && pd->spliced)
+    pump(pd); /* the peer's pipe drains into sd */
+  if (!sp->dead && (events & (UV_READABLE | UV_DISCONNECT)) && sd->spliced)
+    pump(sd);
+}
+
+/* May sd -> peer leave the copy path now? Only between chunks (nothing in
+ * flight, nothing buffered), for cleartext sockets, once it carried bulk. */
+static int should_splice(const side_t *sd)
+{
+  const side_t *pd = peer_of((side_t *)sd);
+  return sd->copied >= OSR_SPLICE_AFTER && !sd->eof && sd->inflight == 0 &&
+         sd->s->input.len == 0 && pd->s != NULL && !osr_sock_is_tls(sd->s) &&
+         !osr_sock_is_tls(pd->s) && osr_sock_write_queue_size(pd->s) == 0 && splice_enabled();
+}
+
+/* Switch sd -> peer to splice(2). Returns 0, or an error with the copy path
+ * left as it was. */
+static int start_splice(side_t *sd)
+{
+  side_t *pd = peer_of(sd);
+  if (pipe2(sd->pfd, O_NONBLOCK | O_CLOEXEC) != 0) {
+    sd->pfd[0] = sd->pfd[1] = -1;
+    return -errno;
+  }
+  (void)fcntl(sd->pfd[1], F_SETPIPE_SZ, OSR_SPLICE_PIPE); /* best effort */
+  if (ensure_poll(sd) != 0 || ensure_poll(pd) != 0) {
+    close(sd->pfd[0]);
+    close(sd->pfd[1]);
+    sd->pfd[0] = sd->pfd[1] = -1;
+    return OSR_EINVAL; /* a poll already set up is released at close */
+  }
+  sd->spliced = 1;
+  osr_sock_read_stop(sd->s); /* for good: the poll on the dup reads now */
+  update_poll(sd);
+  return 0;
+}
+
+/* ---- copy path ------------------------------------------------------------------ */
+
+/* Give an empty input buffer's memory back: a relay spends most of its life
+ * idle (a WebSocket, a pooled tunnel) and the socket reserves a fresh
+ * buffer only when bytes arrive, so an idle relay holds none (the idle
+ * WebSocket row of the benchmark). Only while nobody points into it. */
+static void trim_input(osr_sock_t *s)
+{
+  if (s != NULL && s->input.len == 0 && s->input.base != NULL) {
+    size_t max = s->input.max;
+    osr_buf_dispose(&s->input);
+    osr_buf_init(&s->input, max);
+  }
+}
+
 static void on_forwarded(osr_sock_t *dst, int status, void *arg)
 {
   side_t *sd = arg;
@@ -80,10 +340,12 @@ static void on_forwarded(osr_sock_t *dst, int status, void *arg)
     return;
   }
   osr_buf_consume(&sd->s->input, sd->inflight);
+  sd->copied += sd->inflight;
   sd->inflight = 0;
+  trim_input(sd->s);
   if (sd->eof && sd->s->input.len == 0)
     propagate_eof(sd);
-  else
+  else if (!should_splice(sd) || start_splice(sd) != 0)
     osr_sock_read_start(sd->s); /* what is left, then new bytes */
 }
 
@@ -91,7 +353,7 @@ static void side_on_read(osr_sock_t *s, int status)
 {
   side_t *sd = s->data;
   side_t *pd = peer_of(sd);
-  if (sd->sp->dead)
+  if (sd->sp->dead || sd->spliced)
     return;
   if (status < 0 && status != OSR_EOF) {
     osr_splice_close(sd->sp);
@@ -115,10 +377,18 @@ static void side_on_read(osr_sock_t *s, int status)
     propagate_eof(sd);
 }
 
+static void side_init(osr_splice_t *sp, side_t *sd)
+{
+  sd->sp = sp;
+  sd->pfd[0] = sd->pfd[1] = -1;
+  sd->dupfd = -1;
+}
+
 osr_splice_t *osr_splice_new(osr_sock_t *b, osr_splice_close_cb on_close, void *data)
 {
   osr_splice_t *sp = osr_xcalloc(1, sizeof(*sp));
-  sp->a.sp = sp->b.sp = sp;
+  side_init(sp, &sp->a);
+  side_init(sp, &sp->b);
   sp->b.s = b;
   sp->refs = 2; /* b + the pending attach */
   sp->on_close = on_close;
@@ -145,6 +415,8 @@ void osr_splice_attach(osr_sock_t *a, int status, void *arg)
     osr_sock_close(a);
     return;
   }
+  trim_input(a);
+  trim_input(sp->b.s);
   osr_sock_read_start(a); /* bytes the peer sent right after its request too */
   if (sp->b.s != NULL)
     osr_sock_read_start(sp->b.s);
