@@ -157,6 +157,10 @@ class Bench:
         self.a = a
         b = a.build
         self.gw_exe = os.path.join(b, "src", "osr-gateway")
+        # --base-gateway: a second osr-gateway (e.g. built from the previous
+        # commit) measured in the same rounds as cells "base:STORE:MODE", so a
+        # before/after comparison shares the machine's load at the time.
+        self.base_exe = a.base_gateway
         self.sim_exe = a.sim or os.path.join(b, "src", "osr-sim")
         self.load_exe = a.load or os.path.join(b, "bench", "create_load")
         for exe in (self.gw_exe, self.sim_exe, self.load_exe):
@@ -194,7 +198,7 @@ class Bench:
             return "postgres://osr@127.0.0.1:%d/%s%s" % (self.pg.port, name, self.a.pg_params)
         raise ValueError(store)
 
-    def start_gw(self, store, mode, sim=None):
+    def start_gw(self, store, mode, sim=None, exe=None):
         d = tempfile.mkdtemp(prefix="gw-", dir=self.tmp)
         prov = {"name": "sim", "type": "sim", "latency_ms": 0}
         if mode == "url":
@@ -204,7 +208,7 @@ class Bench:
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
         port = services.free_port()
-        argv = [self.gw_exe, "--listen", "127.0.0.1:%d" % port, "--data-dir", d, "--config", cfg_path,
+        argv = [exe or self.gw_exe, "--listen", "127.0.0.1:%d" % port, "--data-dir", d, "--config", cfg_path,
                 "--store", self.store_url(store, d)]
         g = Child(argv, self.a.gw_cpu, env={"OSR_ADMIN_KEY": ADMIN_KEY},
                   log_path=os.path.join(d, "gateway.log"))
@@ -257,10 +261,10 @@ class Bench:
             finally:
                 sim.stop()
             return r
-        _, store, mode = name.split(":")
+        kind, store, mode = name.split(":")
         sim = self.start_sim() if mode == "url" else None
         try:
-            g = self.start_gw(store, mode, sim)
+            g = self.start_gw(store, mode, sim, exe=self.base_exe if kind == "base" else None)
             try:
                 c0 = cpu_seconds(g.pid)
                 t0 = thread_cpu(g.pid)
@@ -330,6 +334,8 @@ class Bench:
     def run(self):
         a = self.a
         cells = ["direct"] + ["gw:%s:%s" % (s, m) for s in a.stores for m in a.modes]
+        if self.base_exe:
+            cells += ["base:%s:%s" % (s, m) for s in a.stores for m in a.modes]
         raw = []
         results = {}  # (cell, conns) -> [result per round]
         if "pg" in a.stores or "pg-async" in a.stores:
@@ -445,6 +451,8 @@ def main():
     ap.add_argument("--rss-n", type=int, default=10000, help="0: skip the memory part")
     ap.add_argument("--gw-cpu", type=int, default=1)
     ap.add_argument("--load-cpu", type=int, default=0)
+    ap.add_argument("--base-gateway", help="a second osr-gateway executable measured in the same "
+                    "rounds as cells base:STORE:MODE (before/after comparisons)")
     ap.add_argument("--out", help="append the Markdown report to this file")
     ap.add_argument("--raw", help="append raw JSON lines to this file")
     a = ap.parse_args()

@@ -260,6 +260,42 @@ void osr_gw_reply(osr_gw_call_t *call, int status, json_t *body)
   reply_hdr(call, status, body, NULL, NULL);
 }
 
+void osr_gw_reply_text(osr_gw_call_t *call, int status, char *json, size_t len)
+{
+  if (call->reshape != NULL && !call->done) {
+    /* Reshapers work on trees. */
+    json_t *body = json != NULL ? json_loadb(json, len, 0, NULL) : NULL;
+    osr_free(json);
+    reply_hdr(call, status, body, NULL, NULL);
+    return;
+  }
+  api_call_t *ac = api_call(call);
+  if (!begin_answer(ac, status)) {
+    osr_free(json);
+    return;
+  }
+  /* send_body frees with jansson's allocator; the text came from ours. */
+  char *s = NULL;
+  if (json != NULL && status != 204 && status != 304) {
+    json_malloc_t jmalloc = NULL;
+    json_get_alloc_funcs(&jmalloc, NULL);
+    s = jmalloc != NULL ? jmalloc(len + 1) : NULL;
+    if (s == NULL) {
+      osr_free(json);
+      osr_http_abort(call->req);
+      return;
+    }
+    memcpy(s, json, len);
+    s[len] = '\0';
+  } else {
+    len = 0;
+  }
+  osr_free(json);
+  osr_gw_call_hold(call);
+  send_body(ac, status, "application/json", s, len, NULL, NULL);
+  osr_gw_call_release(call);
+}
+
 void osr__gw_error_hdr(osr_gw_call_t *call, int status, const char *code, const char *message,
                        json_t *details, const char *hname, const char *hvalue)
 {

@@ -89,6 +89,10 @@ void osr_gw_api_on_request(osr_http_req_t *req, void *gw);
 
 /** Answer with JSON (steals `body`) and finish the call. */
 void osr_gw_reply(osr_gw_call_t *call, int status, json_t *body);
+/** Answer with JSON text already serialised (`json`, `len` bytes, allocated
+ *  with osr_xmalloc and stolen; NULL = no body) and finish the call. Calls
+ *  with a reshape hook get it parsed, as osr_gw_reply would have sent it. */
+void osr_gw_reply_text(osr_gw_call_t *call, int status, char *json, size_t len);
 /** Answer with a typed error; `details` (stolen, may be NULL) is merged into
  *  the error object. */
 void osr_gw_error(osr_gw_call_t *call, int status, const char *code, const char *message,

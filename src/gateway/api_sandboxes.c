@@ -388,23 +388,34 @@ size_t osr__sbx_place(osr_gw_t *gw, const osr__sbx_req_t *r, osr_candidate_t *ou
 /* ------------------------------------------------------------------------ */
 /* Capabilities                                                              */
 
-json_t *osr__caps_to_json(const osr_capabilities_t *c)
+/* {gpu:{count,type}, snapshot, ports, minMemoryMiB, vcpus, region,
+ * isolation}, in this order, as the tree this replaced serialised it. */
+void osr__caps_write(osr__jw_t *w, const osr_capabilities_t *c)
 {
-  json_t *j = json_object();
-  json_t *ports = json_array();
-  for (size_t i = 0; i < c->nports && i < OSR_MAX_PORTS; i++)
-    json_array_append_new(ports, json_integer(c->ports[i]));
-  json_object_set_new(j, "gpu", json_pack("{s:I,s:s?}", "count", (json_int_t)c->gpu_count, "type",
-                                          c->gpu_type[0] ? c->gpu_type : NULL));
-  json_object_set_new(j, "snapshot", json_boolean(c->snapshot));
-  json_object_set_new(j, "ports", ports);
-  json_object_set_new(j, "minMemoryMiB", json_integer(c->min_memory_mib));
-  json_object_set_new(j, "vcpus", json_integer(c->vcpus));
-  json_object_set_new(j, "region", c->region[0] ? json_string(c->region) : json_null());
-  json_object_set_new(j, "isolation", c->isolation != OSR_ISO_NONE
-                                          ? json_string(osr_isolation_name(c->isolation))
-                                          : json_null());
-  return j;
+  osr__jw_lit(w, "{\"gpu\":{\"count\":");
+  osr__jw_int(w, c->gpu_count);
+  osr__jw_lit(w, ",\"type\":");
+  osr__jw_str(w, c->gpu_type[0] ? c->gpu_type : NULL);
+  osr__jw_lit(w, "},\"snapshot\":");
+  if (c->snapshot)
+    osr__jw_lit(w, "true");
+  else
+    osr__jw_lit(w, "false");
+  osr__jw_lit(w, ",\"ports\":[");
+  for (size_t i = 0; i < c->nports && i < OSR_MAX_PORTS; i++) {
+    if (i > 0)
+      osr__jw_lit(w, ",");
+    osr__jw_int(w, c->ports[i]);
+  }
+  osr__jw_lit(w, "],\"minMemoryMiB\":");
+  osr__jw_int(w, c->min_memory_mib);
+  osr__jw_lit(w, ",\"vcpus\":");
+  osr__jw_int(w, c->vcpus);
+  osr__jw_lit(w, ",\"region\":");
+  osr__jw_str(w, c->region[0] ? c->region : NULL);
+  osr__jw_lit(w, ",\"isolation\":");
+  osr__jw_str(w, c->isolation != OSR_ISO_NONE ? osr_isolation_name(c->isolation) : NULL);
+  osr__jw_lit(w, "}");
 }
 
 int osr__caps_cover(const osr_capabilities_t *a, const osr_capabilities_t *g, char *why,
@@ -484,44 +495,64 @@ static json_t *time_or_null(int64_t ms)
   char buf[32];
   if (ms <= 0)
     return json_null();
-  osr_gw_rfc3339(ms, buf);
+  osr__rfc3339(ms, buf);
   return json_string(buf);
 }
 
-static json_t *parse_doc(const char *s)
+/* A stored JSON document (granted capabilities, metadata, error), embedded
+ * as it is: every one of them was written by json_dumps(JSON_COMPACT) in
+ * this code, which is exactly what parsing and dumping it again would give.
+ * Something that is not even shaped like an object is treated as the tree
+ * code treated an unparsable document: absent. */
+static int doc_ok(const char *s, size_t *len)
 {
-  if (s == NULL || s[0] == '\0')
-    return NULL;
-  return json_loads(s, 0, NULL);
+  if (s == NULL || s[0] != '{')
+    return 0;
+  *len = strlen(s);
+  return s[*len - 1] == '}';
 }
 
-json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token)
+void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr__jw_t *w)
 {
   const osr_gw_config_t *cfg = gw->cfg;
-  json_t *j = json_object();
-  json_t *granted = parse_doc(b->granted_json);
-  json_t *meta = parse_doc(b->metadata_json);
+  size_t n;
 
-  json_object_set_new(j, "id", json_string(b->id));
-  json_object_set_new(j, "state", json_string(osr_binding_state_name(b->state)));
-  json_object_set_new(j, "tenant", json_string(b->tenant));
-  json_object_set_new(j, "template", b->template_id[0] ? json_string(b->template_id) : json_null());
-  json_object_set_new(
-      j, "binding",
-      json_pack("{s:s?,s:s?,s:s?,s:s?,s:o,s:i}", "provider", b->provider[0] ? b->provider : NULL,
-                "providerId", b->provider_id[0] ? b->provider_id : NULL, "region",
-                b->region[0] ? b->region : NULL, "isolation",
-                b->isolation != OSR_ISO_NONE ? osr_isolation_name(b->isolation) : NULL,
-                "capabilities", granted != NULL ? granted : json_null(), "attempt", b->attempt));
+  osr__jw_lit(w, "{\"id\":");
+  osr__jw_str(w, b->id);
+  osr__jw_lit(w, ",\"state\":");
+  osr__jw_str(w, osr_binding_state_name(b->state));
+  osr__jw_lit(w, ",\"tenant\":");
+  osr__jw_str(w, b->tenant);
+  osr__jw_lit(w, ",\"template\":");
+  osr__jw_str(w, b->template_id[0] ? b->template_id : NULL);
+  osr__jw_lit(w, ",\"binding\":{\"provider\":");
+  osr__jw_str(w, b->provider[0] ? b->provider : NULL);
+  osr__jw_lit(w, ",\"providerId\":");
+  osr__jw_str(w, b->provider_id[0] ? b->provider_id : NULL);
+  osr__jw_lit(w, ",\"region\":");
+  osr__jw_str(w, b->region[0] ? b->region : NULL);
+  osr__jw_lit(w, ",\"isolation\":");
+  osr__jw_str(w, b->isolation != OSR_ISO_NONE ? osr_isolation_name(b->isolation) : NULL);
+  osr__jw_lit(w, ",\"capabilities\":");
+  if (doc_ok(b->granted_json, &n))
+    osr__jw_raw(w, b->granted_json, n);
+  else
+    osr__jw_lit(w, "null");
+  osr__jw_lit(w, ",\"attempt\":");
+  osr__jw_int(w, b->attempt);
+  osr__jw_lit(w, "}");
 
   /* The data-plane URL: the configured public URL, else the listen address. */
-  char dp[300];
-  const char *dpu = cfg->dataplane_url;
-  if (dpu == NULL && cfg->dataplane_listen != NULL) {
+  osr__jw_lit(w, ",\"dataplaneUrl\":");
+  if (cfg->dataplane_url != NULL) {
+    osr__jw_str(w, cfg->dataplane_url);
+  } else if (cfg->dataplane_listen != NULL) {
+    char dp[300];
     snprintf(dp, sizeof(dp), "http://%s", cfg->dataplane_listen);
-    dpu = dp;
+    osr__jw_str(w, dp);
+  } else {
+    osr__jw_lit(w, "null");
   }
-  json_object_set_new(j, "dataplaneUrl", dpu ? json_string(dpu) : json_null());
   if (with_token && (b->state == OSR_BINDING_RUNNING || b->state == OSR_BINDING_PAUSED)) {
     /* The create answer's token grants everything (the creator owns the
      * sandbox); narrower ones come from POST /v1/sandboxes/{id}/tokens. */
@@ -534,27 +565,75 @@ json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token
     int rv = osr__token_mint(gw, b, &tr, tok, sizeof(tok), &tc);
     if (rv != 0) {
       OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", b->id, osr_token_strerror(rv));
-      json_object_set_new(j, "token", json_null());
-      json_object_set_new(j, "tokenExpiresAt", json_null());
+      osr__jw_lit(w, ",\"token\":null,\"tokenExpiresAt\":null");
     } else {
-      json_object_set_new(j, "token", json_string(tok));
-      json_object_set_new(j, "tokenExpiresAt", time_or_null(tc.exp * 1000));
+      osr__jw_lit(w, ",\"token\":");
+      osr__jw_str(w, tok);
+      osr__jw_lit(w, ",\"tokenExpiresAt\":");
+      osr__jw_time(w, (int64_t)tc.exp * 1000);
     }
   }
-  json_object_set_new(j, "createdAt", time_or_null(b->created_ms));
-  json_object_set_new(j, "updatedAt", time_or_null(b->updated_ms));
-  json_object_set_new(j, "expiresAt", time_or_null(b->expires_ms));
-  json_object_set_new(j, "idleTimeoutSeconds", json_integer(b->idle_timeout_ms / 1000));
-  json_object_set_new(j, "lastActivityAt", time_or_null(b->last_activity_ms));
-  json_object_set_new(j, "metadata", meta != NULL ? meta : json_object());
+  osr__jw_lit(w, ",\"createdAt\":");
+  osr__jw_time(w, b->created_ms);
+  osr__jw_lit(w, ",\"updatedAt\":");
+  osr__jw_time(w, b->updated_ms);
+  osr__jw_lit(w, ",\"expiresAt\":");
+  osr__jw_time(w, b->expires_ms);
+  osr__jw_lit(w, ",\"idleTimeoutSeconds\":");
+  osr__jw_int(w, b->idle_timeout_ms / 1000);
+  osr__jw_lit(w, ",\"lastActivityAt\":");
+  osr__jw_time(w, b->last_activity_ms);
+  osr__jw_lit(w, ",\"metadata\":");
+  if (doc_ok(b->metadata_json, &n))
+    osr__jw_raw(w, b->metadata_json, n);
+  else
+    osr__jw_lit(w, "{}");
   if (b->ended_ms > 0 || b->end_reason[0]) {
-    json_object_set_new(j, "endedAt", time_or_null(b->ended_ms));
-    json_object_set_new(j, "endReason", json_string(b->end_reason));
+    osr__jw_lit(w, ",\"endedAt\":");
+    osr__jw_time(w, b->ended_ms);
+    osr__jw_lit(w, ",\"endReason\":");
+    osr__jw_str(w, b->end_reason);
   }
-  json_t *e = parse_doc(b->error_json);
-  if (e != NULL)
-    json_object_set_new(j, "error", e);
+  if (doc_ok(b->error_json, &n)) {
+    osr__jw_lit(w, ",\"error\":");
+    osr__jw_raw(w, b->error_json, n);
+  }
+  osr__jw_lit(w, "}");
+}
+
+/* Three stored documents of at most OSR__STORE_JSON_MAX (64 KiB) each, a
+ * token and a few short fields. */
+#define SANDBOX_JSON_MAX (256 * 1024)
+
+json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token)
+{
+  osr__jw_t w;
+  size_t len = 0;
+  osr__jw_init(&w, SANDBOX_JSON_MAX);
+  osr__sandbox_write(gw, b, with_token, &w);
+  char *s = osr__jw_release(&w, &len);
+  json_t *j = s != NULL ? json_loadb(s, len, 0, NULL) : NULL;
+  osr_free(s);
   return j;
+}
+
+void osr__sandbox_reply(osr_gw_call_t *call, int status, const osr_binding_t *b, int with_token)
+{
+  osr__jw_t w;
+  size_t len = 0;
+  if (call->reshape != NULL) {
+    /* The E2B front door reshapes the tree. */
+    osr_gw_reply(call, status, osr_gw_sandbox_json(call->gw, b, with_token));
+    return;
+  }
+  osr__jw_init(&w, SANDBOX_JSON_MAX);
+  osr__sandbox_write(call->gw, b, with_token, &w);
+  char *s = osr__jw_release(&w, &len);
+  if (s == NULL) {
+    osr_gw_error(call, 500, "internal", "out of memory", NULL);
+    return;
+  }
+  osr_gw_reply_text(call, status, s, len);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -880,7 +959,7 @@ static void get_done(osr_gw_call_t *call, int status, const osr_binding_t *b)
   if (status != 0)
     osr_gw_error_from(call, status, "sandbox");
   else
-    osr_gw_reply(call, 200, osr_gw_sandbox_json(call->gw, b, 0));
+    osr__sandbox_reply(call, 200, b, 0);
 }
 
 static int check_id(osr_gw_call_t *call)

@@ -12,6 +12,7 @@
 
 #include "gateway/api_int.h"
 #include "gateway/metrics.h"
+#include "gateway/sandboxes.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -65,4 +66,24 @@ void osr_gw_audit(osr_gw_t *gw, const osr_gw_auth_t *who, const char *action,
 {
   osr__gw_audit_as(gw, who != NULL ? who->tenant : "", who != NULL ? who->key_id : "system", action,
                    sandbox_id, outcome, detail);
+}
+
+/* ---- audit rows that commit with the change they describe ------------------ */
+
+void osr__audit_event(osr_audit_event_t *ev, const osr_gw_auth_t *who, const char *action,
+                      const char *sandbox_id, const char *outcome, const char *detail_json)
+{
+  memset(ev, 0, sizeof(*ev));
+  ev->at_ms = osr_now_ms();
+  snprintf(ev->tenant, sizeof(ev->tenant), "%s", who != NULL ? who->tenant : "");
+  snprintf(ev->actor, sizeof(ev->actor), "%s", who != NULL ? who->key_id : "system");
+  snprintf(ev->action, sizeof(ev->action), "%s", action != NULL ? action : "");
+  snprintf(ev->sandbox_id, sizeof(ev->sandbox_id), "%s", sandbox_id != NULL ? sandbox_id : "");
+  snprintf(ev->outcome, sizeof(ev->outcome), "%s", outcome != NULL ? outcome : "ok");
+  ev->detail_json = detail_json != NULL ? osr_xstrdup(detail_json) : NULL;
+}
+
+void osr__audit_event_dispose(osr_audit_event_t *ev)
+{
+  osr_freep(&ev->detail_json);
 }

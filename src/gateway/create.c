@@ -225,7 +225,8 @@ static void reply_settled(osr_gw_t *gw, osr_gw_call_t *call, const osr_binding_t
                  json_pack("{s:s}", "sandboxId", b->id));
     return;
   }
-  osr_gw_reply(call, ok_status, osr_gw_sandbox_json(gw, b, 1));
+  (void)gw;
+  osr__sandbox_reply(call, ok_status, b, 1);
 }
 
 static void on_timer_closed(uv_handle_t *h)
@@ -263,7 +264,7 @@ static void create_finish(create_t *c)
   if (m != NULL)
     osr_metrics_create_done(m, c->nattempts, (osr_now_ms() - c->started_ms) * 1000);
   if (c->status == 201) {
-    osr_gw_reply(c->call, 201, osr_gw_sandbox_json(gw, &c->b, 1));
+    osr__sandbox_reply(c->call, 201, &c->b, 1);
   } else {
     osr_gw_error(c->call, c->status, c->code, c->message,
                  c->details ? json_deep_copy(c->details) : NULL);
@@ -274,7 +275,7 @@ static void create_finish(create_t *c)
     waiter_t *w = c->waiters;
     c->waiters = w->next;
     if (c->status == 201)
-      osr_gw_reply(w->call, 200, osr_gw_sandbox_json(gw, &c->b, 1));
+      osr__sandbox_reply(w->call, 200, &c->b, 1);
     else
       osr_gw_error(w->call, c->status, c->code, c->message,
                    c->details ? json_deep_copy(c->details) : NULL);
@@ -299,9 +300,48 @@ static void set_answer(create_t *c, int status, const char *code, const char *ms
 static void failed_stored(int status, void *data)
 {
   create_t *c = data;
-  if (status != 0)
+  if (status != 0) {
     OSR_LOG_WARN(MOD, "%s: recording the failure: %s", c->b.id, osr__err_text(status));
+    if (c->gw->metrics != NULL)
+      osr_metrics_audit_failure(c->gw->metrics); /* its audit row went with it */
+  }
   create_finish(c);
+}
+
+/* The text of an audit detail object (json_dumps with sorted keys, as
+ * osr_gw_audit writes it); steals `detail`. NULL for NULL. */
+static char *detail_text(json_t *detail)
+{
+  if (detail == NULL)
+    return NULL;
+  char *s = json_dumps(detail, JSON_COMPACT | JSON_SORT_KEYS);
+  json_decref(detail);
+  char *o = s != NULL ? osr_xstrdup(s) : NULL;
+  osr_json_free(s);
+  return o;
+}
+
+/* Store `b` and, in the same transaction, the audit row describing it:
+ * one commit instead of two, and the audit row exists exactly when the
+ * change does. The update applies only while the row is still in state
+ * `if_state` (and at version `if_updated_ms` unless 0): another gateway's
+ * reaper or recovery may have resolved it (OSR_ECONFLICT then). Takes
+ * `detail` (heap text or NULL). */
+static int update_audited(osr_gw_t *gw, const osr_binding_t *b, osr_binding_state_t if_state,
+                          int64_t if_updated_ms, const osr_gw_auth_t *who, const char *action,
+                          const char *outcome, char *detail, osr_store_done_cb cb, void *data)
+{
+  osr_audit_event_t ev;
+  osr_store_update_opts_t o;
+  osr__audit_event(&ev, who, action, b->id, outcome, NULL);
+  ev.detail_json = detail;
+  memset(&o, 0, sizeof(o));
+  o.if_state = if_state;
+  o.if_updated_ms = if_updated_ms;
+  o.audit = &ev;
+  int rv = gw->store != NULL ? osr_store_update_ex(gw->store, b, &o, cb, data) : OSR_EUNAVAILABLE;
+  osr__audit_event_dispose(&ev);
+  return rv;
 }
 
 /* Every candidate failed (or a non-retryable error stopped us): record the
@@ -324,8 +364,8 @@ static void create_fail(create_t *c, const char *code, int http_status, const ch
   json_decref(err);
   json_object_set_new(details, "sandboxId", json_string(c->b.id));
   set_answer(c, http_status, code, msg, details);
-  osr_gw_audit(gw, &c->call->auth, "create", c->b.id, code, json_deep_copy(details));
-  int rv = osr_store_update(gw->store, &c->b, failed_stored, c);
+  int rv = update_audited(gw, &c->b, OSR_BINDING_CREATING, 0, &c->call->auth, "create", code,
+                          detail_text(json_deep_copy(details)), failed_stored, c);
   if (rv != 0)
     failed_stored(rv, c);
 }
@@ -371,17 +411,32 @@ static void success_stored(int status, void *data)
      * hand out something the store does not know: destroy it; the intent
      * row (still creating) is resolved by recovery. */
     osr__destroy_bg(gw, osr_providers_find(gw->providers, c->b.provider, NULL), c->b.provider_id);
-    set_answer(c, 503, "unavailable", "the binding store is unavailable", NULL);
+    if (status == OSR_ECONFLICT || status == OSR_ENOTFOUND) {
+      /* Another gateway resolved our intent row meanwhile (its reaper
+       * took it for an abandoned create and failed it): that outcome
+       * stands, so the sandbox must not. */
+      OSR_LOG_WARN(MOD, "%s: resolved by another gateway while being created", c->b.id);
+      set_answer(c, 503, "unavailable", "the create was resolved elsewhere; retry", NULL);
+    } else {
+      set_answer(c, 503, "unavailable", "the binding store is unavailable", NULL);
+    }
     osr_gw_audit(gw, &c->call->auth, "create", c->b.id, "unavailable", NULL);
     create_finish(c);
     return;
   }
   osr__cache_put(gw, &c->b);
-  osr_gw_audit(gw, &c->call->auth, "create", c->b.id, "ok",
-               json_pack("{s:s,s:s,s:i}", "provider", c->b.provider, "providerId",
-                         c->b.provider_id, "attempt", c->b.attempt));
   set_answer(c, 201, NULL, "", NULL);
   create_finish(c);
+}
+
+/* Granted capabilities as stored (compact JSON, heap, osr_free). */
+static char *caps_text(const osr_capabilities_t *g)
+{
+  osr__jw_t w;
+  size_t len;
+  osr__jw_init(&w, 16 * 1024);
+  osr__caps_write(&w, g);
+  return osr__jw_release(&w, &len);
 }
 
 static void on_created(osr_provider_t *p, int status, const osr_resource_t *res, void *data)
@@ -437,13 +492,22 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   b->updated_ms = now;
   b->expires_ms = now + (int64_t)c->req.timeout_s * 1000;
   b->last_activity_ms = now;
-  json_t *g = osr__caps_to_json(&res->granted);
-  char *s = json_dumps(g, JSON_COMPACT);
-  json_decref(g);
   osr_free(b->granted_json);
-  b->granted_json = s ? osr_xstrdup(s) : NULL;
-  osr_json_free(s);
-  int rv = osr_store_update(c->gw->store, b, success_stored, c);
+  b->granted_json = caps_text(&res->granted);
+  /* {"attempt":N,"provider":"...","providerId":"..."}: the audit detail
+   * with sorted keys, as osr_gw_audit would have written it. */
+  osr__jw_t w;
+  osr__jw_init(&w, 4096);
+  osr__jw_lit(&w, "{\"attempt\":");
+  osr__jw_int(&w, b->attempt);
+  osr__jw_lit(&w, ",\"provider\":");
+  osr__jw_str(&w, b->provider);
+  osr__jw_lit(&w, ",\"providerId\":");
+  osr__jw_str(&w, b->provider_id);
+  osr__jw_lit(&w, "}");
+  size_t dlen;
+  int rv = update_audited(c->gw, b, OSR_BINDING_CREATING, 0, &c->call->auth, "create", "ok",
+                          osr__jw_release(&w, &dlen), success_stored, c);
   if (rv != 0)
     success_stored(rv, c);
 }
@@ -966,6 +1030,8 @@ static void rec_destroy(recover_t *r)
     rec_destroyed(r->p, rv, r);
 }
 
+static void rec_got(int status, const osr_binding_t *b, int created, void *data);
+
 static void rec_adopt_stored(int status, void *data)
 {
   recover_t *r = data;
@@ -973,6 +1039,18 @@ static void rec_adopt_stored(int status, void *data)
   osr_binding_t key;
   snprintf(key.id, sizeof(key.id), "%.39s", res->sandbox_id);
   osr_binding_t *row = bsearch(&key, r->rows, r->n, sizeof(*r->rows), cmp_row);
+  if (status == OSR_ECONFLICT || status == OSR_ENOTFOUND) {
+    /* Someone else resolved the row first. Whether this resource is now
+     * theirs (they adopted it too) or an orphan (they failed the row) is
+     * for the fresh row to say: rec_got keeps or destroys it. */
+    OSR_LOG_INFO(MOD, "recovery: %s was resolved by another gateway", res->sandbox_id);
+    if (row != NULL)
+      r->adopted[row - r->rows] = 1; /* nothing left for rec_final to do */
+    int rv = osr_store_get(r->gw->store, NULL, res->sandbox_id, rec_got, r);
+    if (rv != 0)
+      rec_got(rv, NULL, 0, r);
+    return;
+  }
   if (status != 0) {
     /* The store went away mid-recovery: leave the row creating (a later
      * recovery resolves it) and the resource in place (it is labelled). */
@@ -981,10 +1059,6 @@ static void rec_adopt_stored(int status, void *data)
     r->adopted[row - r->rows] = 1;
     r->adopted_n++;
     osr__cache_put(r->gw, row);
-    snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
-    osr_gw_audit(r->gw, &r->who, r->act_adopt, row->id, "ok",
-                 json_pack("{s:s,s:s,s:s}", "provider", row->provider, "providerId",
-                           row->provider_id, "resolution", "adopted"));
     if (r->gw->metrics != NULL && !r->at_start)
       osr_metrics_reaper(r->gw->metrics, r->act_adopt + 5);
   }
@@ -1008,6 +1082,7 @@ static void rec_adopt(recover_t *r, osr_binding_t *row, const osr_resource_t *re
     }
   }
   int64_t now = osr_now_ms();
+  int64_t seen_ms = row->updated_ms; /* the version we decided on */
   snprintf(row->provider_id, sizeof(row->provider_id), "%s", res->provider_id);
   if (res->region[0])
     snprintf(row->region, sizeof(row->region), "%s", res->region);
@@ -1017,13 +1092,18 @@ static void rec_adopt(recover_t *r, osr_binding_t *row, const osr_resource_t *re
   row->state = res->state == OSR_RES_PAUSED ? OSR_BINDING_PAUSED : OSR_BINDING_RUNNING;
   row->updated_ms = now;
   row->last_activity_ms = now;
-  json_t *g = osr__caps_to_json(&res->granted);
-  char *s = json_dumps(g, JSON_COMPACT);
-  json_decref(g);
   osr_free(row->granted_json);
-  row->granted_json = s ? osr_xstrdup(s) : NULL;
-  osr_json_free(s);
-  int rv = osr_store_update(r->gw->store, row, rec_adopt_stored, r);
+  row->granted_json = caps_text(&res->granted);
+  /* Compare-and-set on the row as we listed it: another gateway (the owner
+   * back from a restart, or a second gateway's reaper) may be resolving the
+   * same row right now, one adopting and one failing it. The database lets
+   * exactly one of us change it; the loser re-checks the resource. */
+  snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
+  int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, &r->who, r->act_adopt, "ok",
+                          detail_text(json_pack("{s:s,s:s,s:s}", "provider", row->provider,
+                                                "providerId", row->provider_id, "resolution",
+                                                "adopted")),
+                          rec_adopt_stored, r);
   if (rv != 0)
     rec_adopt_stored(rv, r);
 }
@@ -1126,12 +1206,11 @@ static void rec_failed_stored(int status, void *data)
   if (status == 0) {
     r->failed_n++;
     osr__cache_invalidate(r->gw, row->id);
-    snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
-    osr_gw_audit(r->gw, &r->who, r->act_fail, row->id, "ok",
-                 json_pack("{s:s,s:s,s:s}", "provider", row->provider, "reason", "interrupted",
-                           "resolution", "failed"));
     if (r->gw->metrics != NULL && !r->at_start)
       osr_metrics_reaper(r->gw->metrics, r->act_fail + 5);
+  } else if (status == OSR_ECONFLICT || status == OSR_ENOTFOUND) {
+    /* Resolved (or adopted) by another gateway since we listed it. */
+    OSR_LOG_INFO(MOD, "recovery: %s was resolved by another gateway", row->id);
   } else {
     OSR_LOG_WARN(MOD, "recovery: failing %s: %s", row->id, osr__err_text(status));
   }
@@ -1139,25 +1218,17 @@ static void rec_failed_stored(int status, void *data)
   rec_final(r);
 }
 
-/* Fresh read right before failing a row: another gateway (the owner back
- * from a restart, or a second gateway's reaper) may have resolved it since
- * our snapshot, and a row it adopted must not be turned into a failure. */
-static void rec_fail_got(int status, const osr_binding_t *b, int created, void *data)
+/* No resource carries this id on the provider the row names: the process
+ * died before the provider created anything (or it already cleaned up after
+ * a boot failure). Fail the row, but only as we listed it: another gateway
+ * (the owner back from a restart, or a second gateway's reaper) may have
+ * resolved it since our snapshot, and a row it adopted must not be turned
+ * into a failure. The compare-and-set in the store decides; a re-read
+ * followed by a plain update would leave a window between the two. */
+static void rec_fail(recover_t *r, osr_binding_t *row)
 {
-  recover_t *r = data;
-  osr_binding_t *row = &r->rows[r->fi];
-  (void)created;
-  if (status != 0 || b->state != OSR_BINDING_CREATING || b->updated_ms != row->updated_ms) {
-    if (status != 0 && status != OSR_ENOTFOUND)
-      OSR_LOG_WARN(MOD, "recovery: re-reading %s: %s", row->id, osr__err_text(status));
-    r->fi++;
-    rec_final(r);
-    return;
-  }
-  /* No resource carries this id on the provider the row names: the
-   * process died before the provider created anything (or it already
-   * cleaned up after a boot failure). */
   int64_t now = osr_now_ms();
+  int64_t seen_ms = row->updated_ms;
   row->state = OSR_BINDING_FAILED;
   row->updated_ms = now;
   row->ended_ms = now;
@@ -1165,7 +1236,11 @@ static void rec_fail_got(int status, const osr_binding_t *b, int created, void *
   osr_free(row->error_json);
   row->error_json = osr_xstrdup("{\"code\":\"all_providers_failed\",\"message\":\"the gateway "
                                 "stopped while the sandbox was being created\",\"attempts\":[]}");
-  int rv = osr_store_update(r->gw->store, row, rec_failed_stored, r);
+  snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
+  int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, &r->who, r->act_fail, "ok",
+                          detail_text(json_pack("{s:s,s:s,s:s}", "provider", row->provider,
+                                                "reason", "interrupted", "resolution", "failed")),
+                          rec_failed_stored, r);
   if (rv != 0)
     rec_failed_stored(rv, r);
 }
@@ -1182,11 +1257,7 @@ static void rec_final(recover_t *r)
       r->fi++;
       continue;
     }
-    int rv = osr_store_get(r->gw->store, NULL, row->id, rec_fail_got, r);
-    if (rv != 0) {
-      r->fi++;
-      continue;
-    }
+    rec_fail(r, row);
     return;
   }
   rec_end(r, 0);

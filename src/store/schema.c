@@ -60,6 +60,20 @@ const char *const osr__stmt_sql[OSR__ST_COUNT] = {
     "last_activity_ms ELSE $12 END, ended_ms = $13, end_reason = $14, granted_json = $15, "
     "error_json = $16, owner = CASE WHEN CAST($17 AS TEXT) = '' THEN owner ELSE CAST($17 AS TEXT) "
     "END WHERE id = $1",
+  /* The same, as a compare-and-set: the row changes only while it is still
+   * in the state (and, unless $19 is 0, at the version) the caller read.
+   * One statement, so the database's row lock decides races between
+   * gateways; the affected-row count tells the caller whether it won. */
+  [OSR__ST_B_UPDATE_IF] =
+    "UPDATE bindings SET provider = $2, provider_id = $3, region = $4, isolation = $5, "
+    "agent_endpoint = $6, state = $7, attempt = $8, updated_ms = $9, expires_ms = $10, "
+    "idle_timeout_ms = $11, last_activity_ms = CASE WHEN last_activity_ms > $12 THEN "
+    "last_activity_ms ELSE $12 END, ended_ms = $13, end_reason = $14, granted_json = $15, "
+    "error_json = $16, owner = CASE WHEN CAST($17 AS TEXT) = '' THEN owner ELSE CAST($17 AS TEXT) "
+    "END WHERE id = $1 AND (CAST($18 AS INTEGER) = 0 OR state = CAST($18 AS INTEGER)) AND "
+    "(CAST($19 AS BIGINT) = 0 OR updated_ms = CAST($19 AS BIGINT))",
+  /* After a conditional update changed nothing: lost race or no row? */
+  [OSR__ST_B_EXISTS] = "SELECT 1 FROM bindings WHERE id = $1",
   [OSR__ST_B_TOUCH] =
     "UPDATE bindings SET last_activity_ms = $2 WHERE id = $1 AND last_activity_ms < $2",
   [OSR__ST_META_INSERT] =

@@ -104,6 +104,10 @@ struct osr__req_s {
       char tenant[OSR_TENANT_MAX];
       meta_kv_t *meta;            /* CREATE */
       size_t nmeta;
+      osr_binding_state_t if_state;   /* UPDATE: compare-and-set (0 = off) */
+      int64_t if_updated_ms;
+      int has_audit;              /* UPDATE: append ev if the update applied */
+      osr_audit_event_t ev;
     } bind;
     struct {                      /* LIST */
       int has_tenant;
@@ -421,6 +425,7 @@ static void req_free(osr__req_t *r)
   case OP_GET:
     osr_binding_dispose(&r->u.bind.b);
     meta_free(r->u.bind.meta, r->u.bind.nmeta);
+    osr_free(r->u.bind.ev.detail_json);
     break;
   case OP_LIST:
     meta_free(r->u.list.filters, r->u.list.nfilters);
@@ -658,6 +663,13 @@ static void fill_binding_cb(const osr__db_vtbl_t *be, osr__db_t *db, void *out)
   row_to_binding(be, db, out);
 }
 
+static void fill_nothing_cb(const osr__db_vtbl_t *be, osr__db_t *db, void *out)
+{
+  (void)be;
+  (void)db;
+  (void)out;
+}
+
 static void fill_key_cb(const osr__db_vtbl_t *be, osr__db_t *db, void *out)
 {
   row_to_key(be, db, out);
@@ -744,22 +756,46 @@ static int op_create(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
   return 0;
 }
 
+static int op_audit_insert(const osr__db_vtbl_t *be, osr__db_t *db, const osr_audit_event_t *e);
+
 static int op_update(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
 {
   const osr_binding_t *b = &r->u.bind.b;
   int64_t changes = 0;
-  int rv;
-  osr__sql_arg_t a[17] = {
+  int rv, found, cond = r->u.bind.if_state != 0 || r->u.bind.if_updated_ms != 0;
+  osr__sql_arg_t a[19] = {
     A_TEXT(b->id), A_TEXT(b->provider), A_TEXT(b->provider_id), A_TEXT(b->region),
     A_INT(b->isolation), A_TEXT(b->agent_endpoint), A_INT(b->state), A_INT(b->attempt),
     A_INT(b->updated_ms), A_INT(b->expires_ms), A_INT(b->idle_timeout_ms),
     A_INT(b->last_activity_ms), A_INT(b->ended_ms), A_TEXT(b->end_reason),
     A_TEXT(b->granted_json), A_TEXT(b->error_json), A_TEXT(b->owner),
+    A_INT(r->u.bind.if_state), A_INT(r->u.bind.if_updated_ms),
   };
-  rv = be->exec(db, OSR__ST_B_UPDATE, NULL, a, 17, &changes);
+  rv = be->exec(db, cond ? OSR__ST_B_UPDATE_IF : OSR__ST_B_UPDATE, NULL, a, cond ? 19 : 17,
+                &changes);
   if (rv != 0)
     return rv;
-  r->status = changes > 0 ? 0 : OSR_ENOTFOUND;
+  if (changes == 0) {
+    r->status = OSR_ENOTFOUND;
+    if (cond) {
+      /* Lost the compare-and-set, or the row is gone: callers treat these
+       * differently (someone else resolved it vs nothing to resolve). */
+      rv = query_one(be, db, OSR__ST_B_EXISTS, a, 1, &found, fill_nothing_cb, NULL);
+      if (rv != 0)
+        return rv;
+      if (found)
+        r->status = OSR_ECONFLICT;
+    }
+    return 0;
+  }
+  /* The audit row rides in the same transaction: it exists exactly when
+   * the change it describes was committed, at no extra commit. */
+  if (r->u.bind.has_audit) {
+    rv = op_audit_insert(be, db, &r->u.bind.ev);
+    if (rv != 0)
+      return rv;
+  }
+  r->status = 0;
   return 0;
 }
 
@@ -950,13 +986,17 @@ static int op_key_revoke(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
   return 0;
 }
 
-static int op_audit_append(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+static int op_audit_insert(const osr__db_vtbl_t *be, osr__db_t *db, const osr_audit_event_t *e)
 {
-  const osr_audit_event_t *e = &r->u.audit.ev;
   osr__sql_arg_t a[7] = {A_INT(e->at_ms),       A_TEXT(e->tenant),  A_TEXT(e->actor),
                          A_TEXT(e->action),     A_TEXT(e->sandbox_id), A_TEXT(e->outcome),
                          A_TEXT(e->detail_json)};
-  int rv = be->exec(db, OSR__ST_AUDIT_INSERT, NULL, a, 7, NULL);
+  return be->exec(db, OSR__ST_AUDIT_INSERT, NULL, a, 7, NULL);
+}
+
+static int op_audit_append(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  int rv = op_audit_insert(be, db, &r->u.audit.ev);
   if (rv == 0)
     r->status = 0;
   return rv;
@@ -1288,9 +1328,13 @@ static void run_batch(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t 
   if (rv == OSR_EUNAVAILABLE) {
     be->db_disconnect(db);
     fail_all(reqs, n, OSR_EUNAVAILABLE);
-  } else if (rv != 0 && at_commit) {
-    fail_all(reqs, n, rv);
   } else if (rv != 0) {
+    /* Any failure but a lost connection (handled above) means nothing was
+     * committed, COMMIT's own failures included: SQLite leaves the
+     * transaction open for the ROLLBACK run_tx sent, and PostgreSQL
+     * skips a COMMIT that follows a failed statement (a pipelined insert
+     * whose error is only read at COMMIT, see store_pg.c). So each request
+     * may safely run again on its own. */
     /* One statement failed and took the transaction with it: run each
      * request on its own so the others are not punished. Deadlocks and
      * serialization failures are retried a few times. */
@@ -1496,16 +1540,45 @@ int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_b
   return submit(st, r);
 }
 
+static int audit_event_ok(const osr_audit_event_t *ev)
+{
+  return fits(ev->tenant, sizeof(ev->tenant)) && fits(ev->actor, sizeof(ev->actor)) &&
+         fits(ev->action, sizeof(ev->action)) && ev->action[0] != '\0' &&
+         fits(ev->sandbox_id, sizeof(ev->sandbox_id)) && fits(ev->outcome, sizeof(ev->outcome)) &&
+         json_ok(ev->detail_json);
+}
+
 int osr_store_update(osr_store_t *st, const osr_binding_t *b, osr_store_done_cb cb, void *data)
+{
+  return osr_store_update_ex(st, b, NULL, cb, data);
+}
+
+int osr_store_update_ex(osr_store_t *st, const osr_binding_t *b, const osr_store_update_opts_t *o,
+                        osr_store_done_cb cb, void *data)
 {
   osr__req_t *r;
 
   if (st == NULL || b == NULL || !binding_strings_ok(b) || b->id[0] == '\0' ||
       b->state < OSR_BINDING_CREATING || b->state > OSR_BINDING_LOST)
     return OSR_EINVAL;
+  if (o != NULL && (o->if_state < 0 || o->if_state > OSR_BINDING_LOST || o->if_updated_ms < 0 ||
+                    (o->audit != NULL && !audit_event_ok(o->audit))))
+    return OSR_EINVAL;
   if (st->closing)
     return OSR_ECLOSED;
   r = req_new(OP_UPDATE, (any_cb_t)cb, data);
+  if (o != NULL) {
+    r->u.bind.if_state = o->if_state;
+    r->u.bind.if_updated_ms = o->if_updated_ms;
+    if (o->audit != NULL) {
+      r->u.bind.has_audit = 1;
+      r->u.bind.ev = *o->audit;
+      r->u.bind.ev.seq = 0;
+      r->u.bind.ev.detail_json = dup_or_null(o->audit->detail_json);
+      if (r->u.bind.ev.at_ms == 0)
+        r->u.bind.ev.at_ms = wall_ms();
+    }
+  }
   osr_binding_copy(&r->u.bind.b, b);
   /* Metadata and the request are immutable after create; not sent. */
   osr_freep(&r->u.bind.b.request_json);
@@ -1698,10 +1771,7 @@ int osr_store_audit_append(osr_store_t *st, const osr_audit_event_t *ev, osr_sto
 {
   osr__req_t *r;
 
-  if (st == NULL || ev == NULL || !fits(ev->tenant, sizeof(ev->tenant)) ||
-      !fits(ev->actor, sizeof(ev->actor)) || !fits(ev->action, sizeof(ev->action)) ||
-      ev->action[0] == '\0' || !fits(ev->sandbox_id, sizeof(ev->sandbox_id)) ||
-      !fits(ev->outcome, sizeof(ev->outcome)) || !json_ok(ev->detail_json))
+  if (st == NULL || ev == NULL || !audit_event_ok(ev))
     return OSR_EINVAL;
   if (st->closing)
     return OSR_ECLOSED;

@@ -135,6 +135,30 @@ int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_b
  *  end_reason, granted/error JSON). OSR_ENOTFOUND if absent. */
 int osr_store_update(osr_store_t *st, const osr_binding_t *b, osr_store_done_cb cb, void *data);
 
+/** Options of osr_store_update_ex. Zeroed = osr_store_update. */
+typedef struct osr_store_update_opts_s {
+  /** Compare-and-set: apply only while the stored row is in this state
+   *  (0 = any state). */
+  osr_binding_state_t if_state;
+  /** ... and only while its updated_ms equals this (0 = any): the version
+   *  a caller read, so an update built from a stale read cannot win. */
+  int64_t if_updated_ms;
+  /** Appended to the audit log in the same transaction as the update, and
+   *  only if the update applied (NULL = none). Copied at call time. */
+  const struct osr_audit_event_s *audit;
+} osr_store_update_opts_t;
+
+/** osr_store_update with options. With a condition (if_state or
+ *  if_updated_ms) the outcome is decided by the database in one statement
+ *  (UPDATE ... WHERE id = ? AND state = ? AND updated_ms = ?): of several
+ *  conditional updates racing on one row from any number of gateways,
+ *  exactly one sees status 0 and the others OSR_ECONFLICT (the row exists
+ *  but no longer matches) or OSR_ENOTFOUND (no such row). The audit event,
+ *  if any, is written only for the winner, atomically with its update, and
+ *  costs no extra transaction. */
+int osr_store_update_ex(osr_store_t *st, const osr_binding_t *b, const osr_store_update_opts_t *o,
+                        osr_store_done_cb cb, void *data);
+
 /** Get by id; `tenant` NULL = any tenant (admin, reaper). OSR_ENOTFOUND if
  *  absent or another tenant's. */
 int osr_store_get(osr_store_t *st, const char *tenant, const char *id, osr_store_binding_cb cb,

@@ -47,6 +47,8 @@ typedef enum osr__stmt_e {
   OSR__ST_B_BY_KEY,
   OSR__ST_B_BY_ID,
   OSR__ST_B_UPDATE,
+  OSR__ST_B_UPDATE_IF,
+  OSR__ST_B_EXISTS,
   OSR__ST_B_TOUCH,
   OSR__ST_META_INSERT,
   OSR__ST_KEY_INSERT,

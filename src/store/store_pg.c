@@ -19,6 +19,18 @@
  * next batch connects again, re-preparing statements lazily since prepared
  * statements belong to a connection.
  *
+ * Round trips. A statement whose result nobody needs at once (BEGIN, and
+ * every cached statement run without asking for its row count: the audit
+ * insert, metadata rows) is sent in libpq pipeline mode and not waited for;
+ * the next statement that needs an answer (or COMMIT) sends itself after
+ * them, then one Sync collects every result in order. So a create's update
+ * step (BEGIN, UPDATE, audit INSERT, COMMIT) costs two round trips instead
+ * of four, and its intent step (BEGIN, INSERT, COMMIT) two instead of
+ * three. An error in a deferred statement surfaces at that collection; the
+ * server has then skipped everything after it up to the Sync (COMMIT
+ * included), so nothing was committed and the store core's per-request
+ * retry isolates the bad request as before.
+ *
  * Several gateways on one database: the partial unique index on (tenant,
  * idem_key) decides concurrent creates with one key; INSERT ... ON CONFLICT
  * DO NOTHING waits for the other transaction and then does nothing, and the
@@ -44,6 +56,9 @@
 #define MAX_ARGS 48
 #define POOL_DEFAULT 2
 #define POOL_MAX 16
+/* Results outstanding in one pipeline before we collect anyway (bounds
+ * what the server and libpq buffer for us, STYLE 13). */
+#define PIPE_MAX 1024
 /* Arbitrary but fixed: every OSR gateway must use the same key. */
 #define MIGRATE_LOCK_KEY "7306151"
 
@@ -53,6 +68,12 @@ typedef struct pg_db_s {
   unsigned char prepared[OSR__ST_COUNT];
   PGresult *res;          /* result being read by row_next */
   int row;
+  /* Pipelining (see "Round trips" below): in libpq pipeline mode with
+   * `pending` statements sent whose results are not read yet. */
+  int pipe;
+  int pending;
+  short slot_prep[PIPE_MAX]; /* per pending result: the statement a Parse
+                                prepares, or -1 for an execution */
 } pg_db_t;
 
 static pg_db_t *P(osr__db_t *db)
@@ -242,6 +263,8 @@ static void pg_disconnect(osr__db_t *db)
   if (d->c != NULL)
     PQfinish(d->c);
   d->c = NULL;
+  d->pipe = 0;
+  d->pending = 0;
   memset(d->prepared, 0, sizeof(d->prepared));
 }
 
@@ -333,13 +356,117 @@ static int classify(pg_db_t *d, PGresult *res, const char *what)
   return OSR__EDB;
 }
 
+/* Enter pipeline mode unless already in it. */
+static int pipe_enter(pg_db_t *d)
+{
+  if (d->pipe)
+    return 0;
+  if (PQenterPipelineMode(d->c) != 1)
+    return OSR_EUNAVAILABLE;
+  d->pipe = 1;
+  d->pending = 0;
+  return 0;
+}
+
+/* Sync and read every result sent since pipe_enter, in order, then leave
+ * pipeline mode. The last result is handed to the caller in *last (which
+ * then owns it) when `last` is not NULL, else checked like the others. The
+ * first failure is what counts: results after it are PGRES_PIPELINE_ABORTED
+ * (the server skipped them). A result missing where one must be means the
+ * connection is gone. */
+static int pipe_collect(pg_db_t *d, PGresult **last)
+{
+  int err = 0, i, n = d->pending;
+
+  if (last != NULL)
+    *last = NULL;
+  if (PQpipelineSync(d->c) != 1) {
+    d->pipe = 0;
+    d->pending = 0;
+    return OSR_EUNAVAILABLE;
+  }
+  for (i = 0; i < n; i++) {
+    PGresult *res = PQgetResult(d->c), *end;
+    if (res == NULL) {
+      err = OSR_EUNAVAILABLE;
+      break;
+    }
+    ExecStatusType st = PQresultStatus(res);
+    if (d->slot_prep[i] >= 0 && st != PGRES_COMMAND_OK)
+      d->prepared[d->slot_prep[i]] = 0; /* failed or skipped: not there */
+    if (i == n - 1 && last != NULL && err == 0 && st != PGRES_PIPELINE_ABORTED) {
+      *last = res;
+    } else {
+      if (err == 0 && st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+        err = st == PGRES_PIPELINE_ABORTED ? OSR__EDB : classify(d, res, "exec");
+      PQclear(res);
+    }
+    /* Each statement's results end with a NULL. */
+    while ((end = PQgetResult(d->c)) != NULL)
+      PQclear(end);
+  }
+  if (err != OSR_EUNAVAILABLE) {
+    PGresult *sync = PQgetResult(d->c);
+    if (sync == NULL || PQresultStatus(sync) != PGRES_PIPELINE_SYNC)
+      err = OSR_EUNAVAILABLE;
+    PQclear(sync);
+  }
+  if (err == OSR_EUNAVAILABLE || PQexitPipelineMode(d->c) != 1)
+    err = OSR_EUNAVAILABLE; /* the caller drops the connection */
+  d->pipe = 0;
+  d->pending = 0;
+  if (err != 0 && last != NULL && *last != NULL) {
+    PQclear(*last);
+    *last = NULL;
+  }
+  return err;
+}
+
+/* Send one statement into the pipeline (preparing it first if needed). */
+static int pipe_send(pg_db_t *d, int stmt, const char *sql, int nargs, const char *const *vals)
+{
+  char name[16];
+  int rv = 0;
+
+  if (d->pipe && d->pending + 2 > PIPE_MAX)
+    rv = pipe_collect(d, NULL);
+  if (rv == 0)
+    rv = pipe_enter(d);
+  if (rv != 0)
+    return rv;
+  if (stmt == OSR__ST_BEGIN || stmt == OSR__ST_COMMIT || stmt == OSR__ST_ROLLBACK) {
+    const char *text = stmt == OSR__ST_BEGIN ? osr__store_pg.begin_sql : osr__stmt_sql[stmt];
+    if (PQsendQueryParams(d->c, text, 0, NULL, NULL, NULL, NULL, 0) != 1)
+      return OSR_EUNAVAILABLE;
+  } else if (stmt < 0) {
+    if (PQsendQueryParams(d->c, sql, nargs, NULL, vals, NULL, NULL, 0) != 1)
+      return OSR_EUNAVAILABLE;
+  } else {
+    snprintf(name, sizeof(name), "osr_%d", stmt);
+    if (!d->prepared[stmt]) {
+      if (PQsendPrepare(d->c, name, osr__stmt_sql[stmt], nargs, NULL) != 1)
+        return OSR_EUNAVAILABLE;
+      /* Marked now, unmarked by pipe_collect if the Parse fails or is
+       * skipped after an earlier error. */
+      d->slot_prep[d->pending++] = (short)stmt;
+      d->prepared[stmt] = 1;
+    }
+    if (PQsendQueryPrepared(d->c, name, nargs, vals, NULL, NULL, 0) != 1)
+      return OSR_EUNAVAILABLE;
+  }
+  d->slot_prep[d->pending++] = -1;
+  return 0;
+}
+
+/* Run a statement: deferred into the pipeline when `defer` (no result
+ * wanted now), else sent after whatever is pending and collected with it.
+ * Returns the statement's result (NULL when deferred or on error). */
 static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs,
-                     int *err)
+                     int defer, int *err)
 {
   const char *vals[MAX_ARGS];
   char nums[MAX_ARGS][24];
-  char name[16];
-  PGresult *res;
+  PGresult *res = NULL;
   int i;
 
   *err = 0;
@@ -359,29 +486,17 @@ static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t
       vals[i] = args[i].s; /* NULL is SQL NULL */
     }
   }
-  switch (stmt) {
-  case OSR__ST_BEGIN:
-    return PQexec(d->c, osr__store_pg.begin_sql);
-  case OSR__ST_COMMIT:
-  case OSR__ST_ROLLBACK:
-    return PQexec(d->c, osr__stmt_sql[stmt]);
-  default:
-    break;
-  }
-  if (stmt < 0)
+  if (stmt < 0 && !d->pipe) {
+    /* Dynamic text outside a pipeline (migrations: possibly several
+     * statements in one string, which only the simple protocol takes). */
     return nargs == 0 ? PQexec(d->c, sql) : PQexecParams(d->c, sql, nargs, NULL, vals, NULL, NULL, 0);
-  snprintf(name, sizeof(name), "osr_%d", stmt);
-  if (!d->prepared[stmt]) {
-    res = PQprepare(d->c, name, osr__stmt_sql[stmt], nargs, NULL);
-    if (res == NULL || PQresultStatus(res) != PGRES_COMMAND_OK) {
-      *err = classify(d, res, "prepare");
-      PQclear(res);
-      return NULL;
-    }
-    PQclear(res);
-    d->prepared[stmt] = 1;
   }
-  return PQexecPrepared(d->c, name, nargs, vals, NULL, NULL, 0);
+  *err = pipe_send(d, stmt, sql, nargs, vals);
+  if (*err == 0 && !defer)
+    *err = pipe_collect(d, &res);
+  if (*err == OSR_EUNAVAILABLE)
+    pg_disconnect((osr__db_t *)(void *)d);
+  return res;
 }
 
 static int pg_exec(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs,
@@ -389,10 +504,13 @@ static int pg_exec(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_
 {
   pg_db_t *d = P(db);
   int err;
-  PGresult *res = run(d, stmt, sql, args, nargs, &err);
+  /* Nothing to wait for: BEGIN, and cached statements whose row count
+   * nobody asked for. COMMIT and ROLLBACK always collect. */
+  int defer = stmt == OSR__ST_BEGIN || (stmt > OSR__ST_ROLLBACK && changes == NULL);
+  PGresult *res = run(d, stmt, sql, args, nargs, defer, &err);
   ExecStatusType s;
 
-  if (err != 0)
+  if (err != 0 || (defer && res == NULL))
     return err;
   s = res != NULL ? PQresultStatus(res) : PGRES_FATAL_ERROR;
   if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK) {
@@ -412,7 +530,7 @@ static int pg_query(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg
 {
   pg_db_t *d = P(db);
   int err;
-  PGresult *res = run(d, stmt, sql, args, nargs, &err);
+  PGresult *res = run(d, stmt, sql, args, nargs, 0, &err);
 
   d->res = NULL;
   d->row = -1;

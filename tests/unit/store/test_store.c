@@ -1455,6 +1455,193 @@ static int child_create_crash(const char *url, const char *id)
   return 6; /* not reached: the callback kills us */
 }
 
+/* ---- compare-and-set updates ------------------------------------------------------ */
+
+static void cas_update(ctx_t *c, const osr_binding_t *b, osr_binding_state_t if_state,
+                       int64_t if_updated_ms, const osr_audit_event_t *ev, res_t *r)
+{
+  osr_store_update_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.if_state = if_state;
+  o.if_updated_ms = if_updated_ms;
+  o.audit = ev;
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(osr_store_update_ex(c->st, b, &o, on_done, r), 0);
+  assert_int_equal(r->done, 0);
+}
+
+static void mk_event(osr_audit_event_t *ev, const char *tenant, const char *action, const char *id)
+{
+  memset(ev, 0, sizeof(*ev));
+  snprintf(ev->tenant, sizeof(ev->tenant), "%s", tenant);
+  snprintf(ev->actor, sizeof(ev->actor), "reaper");
+  snprintf(ev->action, sizeof(ev->action), "%s", action);
+  snprintf(ev->sandbox_id, sizeof(ev->sandbox_id), "%s", id);
+  snprintf(ev->outcome, sizeof(ev->outcome), "ok");
+  ev->detail_json = (char *)"{\"resolution\":\"x\"}";
+}
+
+/* The reaper race between two gateways on one database: gateway A (the
+ * owner, back from a restart) adopts a stale CREATING row while gateway B's
+ * reaper fails the same row. Both decided from the same read; both send a
+ * compare-and-set on (state creating, updated_ms as read) at once, from two
+ * stores (two connections, two worker threads). Exactly one must win each
+ * round, the row must show the winner's outcome, and only the winner's
+ * audit row may exist. Without the condition both updates would succeed
+ * and the last writer would silently overwrite the first. */
+static void test_conditional_update_race(void **state)
+{
+  ctx_t a, b;
+  char tenant[40];
+  int round, wins_a = 0, wins_b = 0;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-cas-");
+  ctx_open(&a);
+  ctx_open(&b);
+  for (round = 0; round < 20; round++) {
+    osr_binding_t row, adopt, fail;
+    osr_audit_event_t ev_a, ev_b;
+    res_t r, ra, rb;
+    mk_binding(&row, tenant, NULL, 1700000000000 + round);
+    sync_create(&a, &row, &r);
+    assert_int_equal(r.status, 0);
+    res_free(&r);
+
+    osr_binding_copy(&adopt, &row);
+    adopt.state = OSR_BINDING_RUNNING;
+    adopt.updated_ms = row.updated_ms + 1000;
+    snprintf(adopt.provider_id, sizeof(adopt.provider_id), "res-%d", round);
+    osr_binding_copy(&fail, &row);
+    fail.state = OSR_BINDING_FAILED;
+    fail.updated_ms = row.updated_ms + 1000;
+    fail.ended_ms = fail.updated_ms;
+    snprintf(fail.end_reason, sizeof(fail.end_reason), "failed: interrupted");
+    mk_event(&ev_a, tenant, "recover.adopt", row.id);
+    mk_event(&ev_b, tenant, "reap.stale_creating", row.id);
+
+    /* Alternate who is submitted first so both orders are exercised. */
+    if (round % 2 == 0) {
+      cas_update(&a, &adopt, OSR_BINDING_CREATING, row.updated_ms, &ev_a, &ra);
+      cas_update(&b, &fail, OSR_BINDING_CREATING, row.updated_ms, &ev_b, &rb);
+    } else {
+      cas_update(&b, &fail, OSR_BINDING_CREATING, row.updated_ms, &ev_b, &rb);
+      cas_update(&a, &adopt, OSR_BINDING_CREATING, row.updated_ms, &ev_a, &ra);
+    }
+    wait_for(&a.loop, &ra.done, 1);
+    wait_for(&b.loop, &rb.done, 1);
+    assert_true((ra.status == 0) != (rb.status == 0));
+    assert_int_equal(ra.status == 0 ? rb.status : ra.status, OSR_ECONFLICT);
+    wins_a += ra.status == 0;
+    wins_b += rb.status == 0;
+
+    sync_get(&a, NULL, row.id, &r);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.b.state, ra.status == 0 ? OSR_BINDING_RUNNING : OSR_BINDING_FAILED);
+    res_free(&r);
+
+    /* A late retry of the loser, or of the winner, changes nothing. */
+    cas_update(&b, &fail, OSR_BINDING_CREATING, row.updated_ms, &ev_b, &rb);
+    wait_for(&b.loop, &rb.done, 1);
+    assert_int_equal(rb.status, OSR_ECONFLICT);
+    osr_binding_dispose(&row);
+    osr_binding_dispose(&adopt);
+    osr_binding_dispose(&fail);
+  }
+  /* Exactly one audit row per round, and it names the winner. */
+  {
+    res_t r;
+    size_t i;
+    int adopts = 0, fails = 0;
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(osr_store_audit_list(a.st, tenant, NULL, 100, on_audit, &r), 0);
+    wait_for(&a.loop, &r.done, 1);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.n, 20);
+    for (i = 0; i < r.n; i++) {
+      adopts += strcmp(r.evs[i].action, "recover.adopt") == 0;
+      fails += strcmp(r.evs[i].action, "reap.stale_creating") == 0;
+      assert_string_equal(r.evs[i].detail_json, "{\"resolution\":\"x\"}");
+    }
+    assert_int_equal(adopts, wins_a);
+    assert_int_equal(fails, wins_b);
+    res_free(&r);
+  }
+  ctx_close(&b);
+  ctx_close(&a);
+}
+
+/* The conditions one by one, on one store. */
+static void test_conditional_update(void **state)
+{
+  ctx_t c;
+  char tenant[40];
+  osr_binding_t row, u;
+  osr_audit_event_t ev;
+  res_t r;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-cas1-");
+  ctx_open(&c);
+  mk_binding(&row, tenant, NULL, 1700000000000);
+  sync_create(&c, &row, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+  osr_binding_copy(&u, &row);
+  u.state = OSR_BINDING_RUNNING;
+  u.updated_ms = row.updated_ms + 5;
+  mk_event(&ev, tenant, "create", row.id);
+
+  /* Wrong state, wrong version: the row exists, so a conflict; no audit. */
+  cas_update(&c, &u, OSR_BINDING_RUNNING, 0, &ev, &r);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, OSR_ECONFLICT);
+  cas_update(&c, &u, OSR_BINDING_CREATING, row.updated_ms + 1, &ev, &r);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, OSR_ECONFLICT);
+  /* Both right: applied, with its audit row. */
+  cas_update(&c, &u, OSR_BINDING_CREATING, row.updated_ms, &ev, &r);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  /* State only (the create path's form). */
+  u.state = OSR_BINDING_ENDED;
+  cas_update(&c, &u, OSR_BINDING_RUNNING, 0, NULL, &r);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  /* No row at all. */
+  uniq(u.id, sizeof(u.id), "b");
+  cas_update(&c, &u, OSR_BINDING_CREATING, 0, &ev, &r);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, OSR_ENOTFOUND);
+  /* Bad options. */
+  {
+    osr_store_update_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.if_state = (osr_binding_state_t)99;
+    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &r), OSR_EINVAL);
+    o.if_state = 0;
+    ev.action[0] = '\0';
+    o.audit = &ev;
+    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &r), OSR_EINVAL);
+  }
+
+  sync_get(&c, NULL, row.id, &r);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.b.state, OSR_BINDING_ENDED);
+  res_free(&r);
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(osr_store_audit_list(c.st, tenant, NULL, 100, on_audit, &r), 0);
+  wait_for(&c.loop, &r.done, 1);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.n, 1);
+  assert_string_equal(r.evs[0].action, "create");
+  assert_string_equal(r.evs[0].sandbox_id, row.id);
+  res_free(&r);
+  osr_binding_dispose(&row);
+  osr_binding_dispose(&u);
+  ctx_close(&c);
+}
+
 int main(int argc, char **argv)
 {
   const char *pg = getenv("OSR_TEST_PG_URL");
@@ -1467,6 +1654,8 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_bad_urls),
     cmocka_unit_test(test_bad_args),
     cmocka_unit_test(test_create_get_update),
+    cmocka_unit_test(test_conditional_update),
+    cmocka_unit_test(test_conditional_update_race),
     cmocka_unit_test(test_idempotency),
     cmocka_unit_test(test_list),
     cmocka_unit_test(test_touch),
