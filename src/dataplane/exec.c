@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "agent/connect.h"
+#include "dataplane/dp_activity.h"
 #include "dataplane/exec.h"
 #include "net/addr.h"
 #include "net/ws.h"
@@ -108,6 +109,7 @@ struct dp_exec_s {
   int fch;          /* channel of the frame being read, -1 = in the header */
   uint32_t frem;    /* payload bytes still to come */
   osr_buf_t fsmall; /* payload of a resize / close frame */
+  dp_act_t *act;    /* an open session keeps its sandbox active (dp_activity.h) */
   /* lifetime */
   int finishing;
   int closing_ws;
@@ -436,6 +438,7 @@ static void exec_maybe_free(dp_exec_t *e)
   osr_free(e->start_body);
   osr_free(e->stream_err);
   osr_free(e->status_msg);
+  osr__dp_act_close(dp, e->act);
   osr_free(e);
   dp->nstreams--;
   if (dp->stopping)
@@ -1534,6 +1537,7 @@ void osr__dp_exec(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, in
 static void exec_link(osr_dataplane_t *dp, dp_exec_t *e)
 {
   dp->nstreams++;
+  e->act = osr__dp_act_open(dp, e->sid);
   e->next = dp->execs;
   if (dp->execs != NULL)
     dp->execs->prev = e;

@@ -100,4 +100,4 @@ if (o.stdinFile) {
 }
 if (o.closeFrame) body.write(frame(255, Buffer.from([0])));
 if (o.endBody) body.end();
-setTimeout(() => { res.error = 'timeout'; finish(); }, 120000).unref();
+setTimeout(() => { res.error = 'timeout'; finish(); }, o.timeoutMs || 120000).unref();
