@@ -1,6 +1,6 @@
 #!/bin/bash
 # Instruction counts per proxied small request (bench/README.md, Data plane):
-#   bench/dataplane_callgrind.sh BUILD dp|nginx|haproxy N
+#   [AGENT_SECRET=1] bench/dataplane_callgrind.sh BUILD dp|nginx|haproxy N
 # runs the proxy (for dp: osr-dataplane and osr-agent) under callgrind in
 # front of an nginx backend, sends N keep-alive GETs over 10 connections
 # (bench/dataplane_drive.py) and prints the total Ir of each proxy process.
@@ -21,9 +21,16 @@ VG="valgrind --tool=callgrind --callgrind-out-file=$D/cg.%p"
 PIDS=""
 case $T in
 dp)
+  # AGENT_SECRET=1: the agent checks its derived token, as under osr serve.
+  DPX=""
+  if [ -n "$AGENT_SECRET" ]; then
+    python3 -c 'import os; print(os.urandom(32).hex())' > $D/agent.secret
+    export OSR_AGENT_TOKEN=$(python3 -c 'import hmac,hashlib,sys; print(hmac.new(bytes.fromhex(open(sys.argv[1]).read().strip()), b"s1", hashlib.sha256).hexdigest())' $D/agent.secret)
+    DPX="--agent-secret-file $D/agent.secret"
+  fi
   $VG $B/src/osr-agent --listen unix:$D/agent.sock --log-level warn 2>/dev/null & PIDS="$!"
   $B/tests/integration/dataplane/dp-mint genkey $D/keys k1 >/dev/null
-  $VG $B/src/osr-dataplane --listen 127.0.0.1:$PP --keys-dir $D/keys --log-level warn 2>/dev/null & PIDS="$PIDS $!"
+  $VG $B/src/osr-dataplane --listen 127.0.0.1:$PP --keys-dir $D/keys --log-level warn $DPX 2>/dev/null & PIDS="$PIDS $!"
   for i in $(seq 200); do [ -S $D/agent.sock ] && curl -s -o /dev/null 127.0.0.1:$PP && break; sleep 0.2; done
   TOK=$($B/tests/integration/dataplane/dp-mint sign $D/keys k1 s1 unix:$D/agent.sock ports all 86400)
   P="/sbx/s1/$BP/hello";;

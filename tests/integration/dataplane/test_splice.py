@@ -8,10 +8,13 @@ download is paused (and none with OSR_SPLICE=0), so a splice that silently
 stayed on the copy path fails the test.
 """
 import hashlib
+import hmac
 import http.server
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -130,6 +133,48 @@ class Splice(unittest.TestCase):
 
     def test_splice_off(self):
         self.run_mode(False)
+
+
+class AgentTokenMemo(unittest.TestCase):
+    """The data plane memoises the agent's derived token per endpoint
+    (proxy.c agent_token_for): requests for the right sandbox keep passing
+    the agent's check, and a request naming another sandbox on the same
+    endpoint gets that sandbox's token (refused by this agent), not the
+    memoised one."""
+
+    def test_memo_follows_the_sandbox(self):
+        d = tempfile.mkdtemp(prefix="osr-dp-sec-")
+        secret = os.urandom(32)
+        path = os.path.join(d, "agent.secret")
+        with open(path, "w") as f:
+            f.write(secret.hex() + "\n")
+        os.environ["OSR_AGENT_TOKEN"] = hmac.new(secret, tdp.SID.encode(), hashlib.sha256).hexdigest()
+        try:
+            env = tdp.Env(extra=["--agent-secret-file", path])
+        finally:
+            os.environ.pop("OSR_AGENT_TOKEN", None)
+        try:
+            # envd requests: the agent checks X-Access-Token on every request
+            # (tunnels are checked once, when opened, and pooled per endpoint).
+            fpath = os.path.join(env.dir, "f.txt")
+            with open(fpath, "wb") as f:
+                f.write(b"abc")
+
+            def get(sid):
+                tok = env.token(sid=sid, scopes="files")
+                r, data = env.request("GET", "/sbx/%s/%d/files?path=%s" % (sid, tdp.ENVD, fpath),
+                                      {"X-Access-Token": tok})
+                return r.status, data
+            for sid in (tdp.SID, tdp.SID, "other", tdp.SID, "other", "other", tdp.SID):
+                with self.subTest(sid=sid):
+                    st, data = get(sid)
+                    if sid == tdp.SID:
+                        self.assertEqual((st, data), (200, b"abc"))
+                    else:
+                        self.assertIn(st, (401, 403), data)  # the agent refused that token
+        finally:
+            self.assertEqual(env.close(), 0)
+            shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":
