@@ -177,6 +177,9 @@ static void on_request(osr_http_req_t *req, void *data)
     return;
   }
   if (exec) {
+    /* Activity: the session's start only (exec.c does not hold an entry
+     * for the session's lifetime yet, see docs/dataplane.md). */
+    osr__dp_act_close(dp, osr__dp_act_open(dp, rt.sandbox_id));
     osr__dp_exec(dp, req, addr, tls, rt.sandbox_id);
     return;
   }
