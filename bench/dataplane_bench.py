@@ -174,6 +174,93 @@ def ws_echo_p50(port, path, headers, n):
     return lat[len(lat) // 2] * 1e6
 
 
+# ---- exec stdout (Kubernetes v5.channel.k8s.io console of osr-dataplane) ----------
+
+class Reader:
+    """Buffered socket reader that consumes by offset (no per-frame memmove)."""
+
+    def __init__(self, s):
+        self.s, self.buf, self.off = s, bytearray(), 0
+
+    def need(self, n):
+        while len(self.buf) - self.off < n:
+            if self.off > (1 << 20):
+                del self.buf[:self.off]
+                self.off = 0
+            d = self.s.recv(1 << 20)
+            if not d:
+                raise RuntimeError("exec: connection closed")
+            self.buf += d
+
+    def take(self, n):
+        self.need(n)
+        v = self.buf[self.off:self.off + n] if n <= 16 else None
+        self.off += n
+        return v
+
+
+def exec_stdout(port, sid, tok, nbytes):
+    """MB/s of `head -c nbytes /dev/zero` read as channel-1 messages."""
+    s = socket.create_connection(("127.0.0.1", port))
+    q = "command=head&command=-c&command=%d&command=/dev/zero&stdout=true&stderr=false" % nbytes
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(("GET /v1/sandboxes/%s/exec?%s HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
+               "Sec-WebSocket-Protocol: v5.channel.k8s.io\r\nX-Access-Token: %s\r\n\r\n"
+               % (sid, q, key, tok)).encode())
+    t0 = time.perf_counter()
+    rd = Reader(s)
+    while b"\r\n\r\n" not in rd.buf:
+        rd.need(len(rd.buf) + 1)
+    h = rd.buf.index(b"\r\n\r\n") + 4
+    if not rd.buf.startswith(b"HTTP/1.1 101"):
+        raise RuntimeError("exec: " + bytes(rd.buf[:60]).decode(errors="replace"))
+    rd.off = h
+    got, status, chan = 0, None, None
+    while status is None:
+        b0, b1 = rd.take(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = struct.unpack("!H", rd.take(2))[0]
+        elif n == 127:
+            n = struct.unpack("!Q", rd.take(8))[0]
+        op = b0 & 0x0F
+        if op == 8:
+            raise RuntimeError("exec: closed before the status")
+        if op in (1, 2) and n > 0:  # a new message: the first byte is the channel
+            chan = rd.take(1)[0]
+            n -= 1
+        if chan == 3:
+            rd.need(n)
+            status = bytes(rd.buf[rd.off:rd.off + n])
+            rd.off += n
+        else:
+            rd.need(n)
+            rd.off += n
+            if chan == 1:
+                got += n
+    dt = time.perf_counter() - t0
+    s.close()
+    if got != nbytes or b"Success" not in status:
+        raise RuntimeError("exec: %d of %d bytes, status %r" % (got, nbytes, status))
+    return nbytes / dt / 1e6
+
+
+def pipe_stdout(nbytes):
+    """MB/s of the same command read straight from its stdout pipe."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(["head", "-c", str(nbytes), "/dev/zero"], stdout=subprocess.PIPE)
+    got = 0
+    while True:
+        d = p.stdout.read1(1 << 20)
+        if not d:
+            break
+        got += len(d)
+    p.wait()
+    assert got == nbytes
+    return nbytes / (time.perf_counter() - t0) / 1e6
+
+
 # ---- helpers --------------------------------------------------------------------
 
 def pinned(cpu, args, env=None):
@@ -269,6 +356,8 @@ def main():
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--paths", default="direct,dataplane,dp-copy,nginx,haproxy")
     ap.add_argument("--no-big", action="store_true")
+    ap.add_argument("--exec-rounds", type=int, default=3,
+                    help="1 GiB exec stdout rounds (0: skip)")
     ap.add_argument("--ws-backend", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.ws_backend:
@@ -396,7 +485,29 @@ def main():
                       "(%d errors) | ws p50 %4.0f us | 1 GiB %5.0f MB/s" % (
                           r + 1, name, rps, cpu, a.rate, p50, p99, p999, err, ws, big), flush=True)
         med = {k: {m: statistics.median(v) for m, v in x.items()} for k, x in res.items()}
+        # 1 GiB exec stdout: the process's pipe read directly vs the exec
+        # console through osr-dataplane -> osr-agent (the reader is the same
+        # Python loop in both; the pipe path is the "direct" reference).
+        ex = {}
+        osr_paths = [n for n in names if paths[n][3] and n in osr]
+        for r in range(a.exec_rounds):
+            ex.setdefault("pipe", []).append(pipe_stdout(1 << 30))
+            for name in osr_paths:
+                port, sock, _ = osr[name]
+                tok = subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1",
+                                      "unix:" + sock, "exec", "none", "86400"], capture_output=True,
+                                     text=True, check=True).stdout.strip()
+                ex.setdefault(name, []).append(exec_stdout(port, "s1", tok, 1 << 30))
+            print("exec round %d: %s" % (r + 1, ", ".join("%s %.0f MB/s" % (k, v[-1])
+                                                           for k, v in ex.items())), flush=True)
         print()
+        if ex:
+            print("| 1 GiB exec stdout | MB/s | × pipe |")
+            print("|---|---|---|")
+            pm = statistics.median(ex["pipe"])
+            for k, v in ex.items():
+                print("| %s | %.0f | %.2f |" % (k, statistics.median(v), statistics.median(v) / pm))
+            print()
         dr = med.get("direct")
         print("| path | req/s | proxy CPU µs/req | added p50 / p99 / p99.9 µs at %d/s | 1 GiB MB/s "
               "| × direct | WS echo added p50 µs | idle KiB/conn HTTP / WS |" % a.rate)
