@@ -196,8 +196,8 @@ int main(int argc, char **argv)
   }
   qsort(lat, nlat, sizeof(*lat), cmp64);
 #define PCT(p) (nlat ? lat[(size_t)((double)(nlat - 1) * (p))] / 1000 : 0)
-  printf("sent %zu ok %zu errors %zu measured %zu p50 %lld p99 %lld p999 %lld max %lld\n", next,
-         ok, errors, nlat, (long long)PCT(0.50), (long long)PCT(0.99), (long long)PCT(0.999),
+  printf("sent %zu ok %zu errors %zu measured %zu p50 %lld p99 %lld p999 %lld max %lld\n", next, ok,
+         errors, nlat, (long long)PCT(0.50), (long long)PCT(0.99), (long long)PCT(0.999),
          (long long)(nlat ? lat[nlat - 1] / 1000 : 0));
   return errors > 0 ? 3 : 0;
 }

@@ -57,13 +57,13 @@ typedef struct side_s {
   uint64_t copied; /* bytes relayed on the copy path (s -> peer) */
   /* splice(2) path for s -> peer (spliced = 1) */
   int spliced;
-  int pfd[2];     /* the pipe: [0] read end, [1] write end */
-  size_t piped;   /* bytes in the pipe */
-  int want_out;   /* the peer answered EAGAIN: wait for it to be writable */
+  int pfd[2];   /* the pipe: [0] read end, [1] write end */
+  size_t piped; /* bytes in the pipe */
+  int want_out; /* the peer answered EAGAIN: wait for it to be writable */
   /* readiness of s's descriptor (either direction may need it) */
-  int dupfd;      /* dup of s's descriptor, polled by `poll`; -1 if none */
-  int polling;    /* `poll` initialised (it holds a reference) */
-  int pev;        /* events `poll` is started with */
+  int dupfd;   /* dup of s's descriptor, polled by `poll`; -1 if none */
+  int polling; /* `poll` initialised (it holds a reference) */
+  int pev;     /* events `poll` is started with */
   uv_poll_t poll;
 } side_t;
 
@@ -221,8 +221,8 @@ static void pump(side_t *sd)
   size_t moved = 0;
   while (!sd->sp->dead && moved < OSR_SPLICE_BURST) {
     if (sd->piped > 0) {
-      ssize_t n = splice(sd->pfd[0], NULL, pd->dupfd, NULL, sd->piped,
-                         SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      ssize_t n =
+          splice(sd->pfd[0], NULL, pd->dupfd, NULL, sd->piped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
         sd->piped -= (size_t)n;
         moved += (size_t)n;
@@ -289,9 +289,9 @@ static void on_poll(uv_poll_t *h, int status, int events)
 static int should_splice(const side_t *sd)
 {
   const side_t *pd = peer_of((side_t *)sd);
-  return sd->copied >= OSR_SPLICE_AFTER && !sd->eof && sd->inflight == 0 &&
-         sd->s->input.len == 0 && pd->s != NULL && !osr_sock_is_tls(sd->s) &&
-         !osr_sock_is_tls(pd->s) && osr_sock_write_queue_size(pd->s) == 0 && splice_enabled();
+  return sd->copied >= OSR_SPLICE_AFTER && !sd->eof && sd->inflight == 0 && sd->s->input.len == 0 &&
+         pd->s != NULL && !osr_sock_is_tls(sd->s) && !osr_sock_is_tls(pd->s) &&
+         osr_sock_write_queue_size(pd->s) == 0 && splice_enabled();
 }
 
 /* Switch sd -> peer to splice(2). Returns 0, or an error with the copy path

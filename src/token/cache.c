@@ -20,7 +20,7 @@
 #define HASH_TAIL 64
 
 typedef struct entry_s {
-  struct entry_s *chain;            /* next in the bucket */
+  struct entry_s *chain;               /* next in the bucket */
   struct entry_s *lru_prev, *lru_next; /* most recently used at the head */
   uint64_t hash;
   char *tok; /* a copy of the token bytes */

@@ -117,15 +117,12 @@ static void test_expiry_on_hit(void **state)
   /* Last valid second, then expired; leeway as in osr_token_verify. */
   assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 599, 0, NULL), 0);
   assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 604, 5, NULL), 0);
-  assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 605, 5, NULL),
-                   OSR_ETOKEN_EXPIRED);
+  assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 605, 5, NULL), OSR_ETOKEN_EXPIRED);
   assert_int_equal(osr_token_cache_size(tc), 0); /* dropped */
-  assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 600, 0, NULL),
-                   OSR_ETOKEN_EXPIRED);
+  assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 600, 0, NULL), OSR_ETOKEN_EXPIRED);
   /* Not valid yet (a clock that went back) is refused from the cache too. */
   assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 1, 0, NULL), 0);
-  assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW - 10, 0, NULL),
-                   OSR_ETOKEN_EXPIRED);
+  assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW - 10, 0, NULL), OSR_ETOKEN_EXPIRED);
   assert_int_equal(osr_token_verify(kr, tok, n, NOW - 10, 0, NULL), OSR_ETOKEN_EXPIRED);
   osr_token_cache_free(tc);
   osr_keyring_free(kr);
@@ -217,8 +214,7 @@ static void test_disabled(void **state)
     assert_int_equal(osr_token_cache_verify(tc, kr, tok, n, NOW + 1, 0, NULL), 0);
   assert_int_equal(osr_token_cache_size(tc), 0);
   assert_int_equal(osr_token_cache_hits(tc), 0);
-  assert_int_equal(osr_token_cache_verify(tc, kr, "x", 1, NOW + 1, 0, NULL),
-                   OSR_ETOKEN_MALFORMED);
+  assert_int_equal(osr_token_cache_verify(tc, kr, "x", 1, NOW + 1, 0, NULL), OSR_ETOKEN_MALFORMED);
   osr_token_cache_free(tc);
   osr_token_cache_free(NULL);
   osr_keyring_free(kr);
@@ -227,9 +223,9 @@ static void test_disabled(void **state)
 int main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hit_equals_verify),  cmocka_unit_test(test_forgery_never_served),
-      cmocka_unit_test(test_expiry_on_hit),      cmocka_unit_test(test_key_rotation_fails_closed),
-      cmocka_unit_test(test_lru_bound),          cmocka_unit_test(test_disabled),
+      cmocka_unit_test(test_hit_equals_verify), cmocka_unit_test(test_forgery_never_served),
+      cmocka_unit_test(test_expiry_on_hit),     cmocka_unit_test(test_key_rotation_fails_closed),
+      cmocka_unit_test(test_lru_bound),         cmocka_unit_test(test_disabled),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
