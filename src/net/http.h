@@ -114,6 +114,7 @@ struct osr_http_req_s {
   const osr_http_req_ops_t *_ops;
   int _responded;
   void *_full_body; /* osr_http_req_read_body state */
+  char _send_small[64]; /* osr_http_send body copy (HTTP/1.x, small bodies) */
 };
 
 typedef struct osr_http_handler_s {

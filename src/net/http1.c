@@ -57,13 +57,19 @@
 #define LINGER_MAX_BYTES (1024 * 1024)
 
 #define INLINE_IOVS 16
+/* Response heads up to this size are formatted inside the request (no
+ * allocation per response); larger ones get a block of their own. */
+#define HEAD_INLINE 320
+/* Requests whose struct, header array and strings fit in this many bytes
+ * share one block size, so a connection can reuse its last one. */
+#define REQ_BLOCK 4096
 
 static const char H2_PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define H2_PREFACE_LEN (sizeof(H2_PREFACE) - 1)
 
 typedef struct h1conn_s h1conn_t;
 
-enum { TIMER_NONE, TIMER_HEADER, TIMER_LINGER, TIMER_DEFER };
+enum { TIMER_NONE, TIMER_HEADER, TIMER_HEADER_DONE, TIMER_LINGER, TIMER_DEFER };
 
 typedef struct h1req_s {
   osr_http_req_t pub; /* first: the API hands out &pub */
@@ -91,7 +97,10 @@ typedef struct h1req_s {
   int deferred_empty;   /* an empty write completes from the timer */
   osr_http_write_cb wcb;
   void *warg;
-  osr_buf_t head;
+  size_t block_cap;     /* bytes allocated for this struct and its strings */
+  char *head;           /* the formatted head: head_inline or a heap block */
+  size_t head_len;
+  char head_inline[HEAD_INLINE];
   char chunk_line[24];
   osr_iovec_t iov_inline[INLINE_IOVS];
   osr_iovec_t *iov_heap;
@@ -110,6 +119,8 @@ struct h1conn_s {
   uv_timer_t timer;
   int timer_mode;
   h1req_t *req;         /* the current exchange, or NULL */
+  h1req_t *spare;       /* a finished request's block, reused by the next one */
+  uint64_t hdr_deadline; /* loop time by which the current head must be complete */
   int sniff;            /* cleartext and nothing parsed yet: look for h2c */
   int draining;
   int resume_parser;    /* a held chunk was released: run the parser even without new bytes */
@@ -149,11 +160,24 @@ static void conn_close(h1conn_t *c, int status)
   osr_sock_close(c->sock);
 }
 
+static void head_free(h1req_t *r)
+{
+  if (r->head != r->head_inline)
+    osr_free(r->head);
+  r->head = NULL;
+  r->head_len = 0;
+}
+
 static void free_req(h1req_t *r)
 {
-  osr_buf_dispose(&r->head);
+  h1conn_t *c = r->conn;
+  head_free(r);
   osr_freep(&r->iov_heap);
-  osr_free(r);
+  /* Keep one ordinary-sized block for the connection's next request. */
+  if (c->sock != NULL && c->spare == NULL && r->block_cap == REQ_BLOCK)
+    c->spare = r;
+  else
+    osr_free(r);
 }
 
 /* Final on_body call for a body that ended abnormally (at most once). */
@@ -262,11 +286,19 @@ static void on_timer(uv_timer_t *t)
   c->timer_mode = TIMER_NONE;
 
   switch (mode) {
-  case TIMER_HEADER:
+  case TIMER_HEADER: {
+    /* The timer is left running between requests (see on_msg_begin), so it
+     * may fire for an earlier head: re-arm for what is left of this one. */
+    uint64_t now = uv_now(t->loop);
+    if (now < c->hdr_deadline) {
+      timer_set(c, TIMER_HEADER, c->hdr_deadline - now);
+      break;
+    }
     /* The header block did not complete in time (slowloris). */
     if (c->req == NULL && !c->err_writing)
       conn_fail(c, 408, OSR_ETIMEDOUT);
     break;
+  }
   case TIMER_LINGER:
     conn_close(c, 0);
     break;
@@ -302,6 +334,7 @@ static void on_timer_closed(uv_handle_t *h)
 {
   h1conn_t *c = h->data;
   osr__h1p_dispose(&c->p);
+  osr_free(c->spare);
   osr_free(c);
 }
 
@@ -411,8 +444,17 @@ static int on_msg_begin(osr_h1p_t *p)
   h1conn_t *c = p->data;
   /* The whole head has to arrive within header_timeout_ms of its first
    * byte; the socket's idle timer alone would be reset by every dribbled
-   * byte. */
-  timer_set(c, TIMER_HEADER, c->opts->limits.header_timeout_ms);
+   * byte. A header timer still running from an earlier request fires no
+   * later than this deadline and re-arms for the rest, which saves a timer
+   * heap removal and insertion per request on keep-alive connections. */
+  uint64_t ms = c->opts->limits.header_timeout_ms;
+  c->hdr_deadline = uv_now(c->timer.loop) + ms;
+  if ((c->timer_mode == TIMER_HEADER || c->timer_mode == TIMER_HEADER_DONE) &&
+      uv_is_active((uv_handle_t *)&c->timer)) {
+    c->timer_mode = TIMER_HEADER;
+    return 0;
+  }
+  timer_set(c, TIMER_HEADER, ms);
   return 0;
 }
 
@@ -437,10 +479,19 @@ static h1req_t *new_req(h1conn_t *c, const osr_h1p_t *p)
   for (size_t i = 0; i < p->num_headers; i++)
     strings += p->headers[i].name.len + p->headers[i].value.len;
   size_t hdr_bytes = p->num_headers * sizeof(osr_http_header_t);
-  h1req_t *r = osr_try_malloc(sizeof(*r) + hdr_bytes + strings + 1);
-  if (r == NULL)
-    return NULL;
+  size_t need = sizeof(h1req_t) + hdr_bytes + strings + 1;
+  size_t cap = need <= REQ_BLOCK ? REQ_BLOCK : need;
+  h1req_t *r;
+  if (cap == REQ_BLOCK && c->spare != NULL) {
+    r = c->spare;
+    c->spare = NULL;
+  } else {
+    r = osr_try_malloc(cap);
+    if (r == NULL)
+      return NULL;
+  }
   memset(r, 0, sizeof(*r));
+  r->block_cap = cap;
   osr_http_header_t *hdrs = (osr_http_header_t *)(void *)(r + 1);
   char *str = (char *)hdrs + hdr_bytes;
 
@@ -487,8 +538,10 @@ static int on_msg_head(osr_h1p_t *p)
 {
   h1conn_t *c = p->data;
 
-  uv_timer_stop(&c->timer);
-  c->timer_mode = TIMER_NONE;
+  /* The head is complete. A header timer is left to fire unarmed (its mode
+   * says nothing is due) rather than stopped: see on_msg_begin. */
+  if (c->timer_mode == TIMER_HEADER)
+    c->timer_mode = TIMER_HEADER_DONE;
   h1req_t *r = new_req(c, p);
   if (r == NULL) {
     p->status = 503;
@@ -696,37 +749,78 @@ static int name_is(osr_iovec_t n, const char *s)
   return n.len == l && strncasecmp(n.base, s, l) == 0;
 }
 
-/* Format the status line and headers into r->head. */
+static void head_put(h1req_t *r, const char *p, size_t n)
+{
+  memcpy(r->head + r->head_len, p, n);
+  r->head_len += n;
+}
+
+#define HEAD_PUT_LIT(r, lit) head_put((r), (lit), sizeof(lit) - 1)
+
+/* Decimal digits of v into the end of buf[20]; returns the first digit. */
+static char *fmt_u64(char buf[20], uint64_t v)
+{
+  char *p = buf + 20;
+  do {
+    *--p = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  return p;
+}
+
+/* Bytes format_head() and h1_respond() may add beyond the caller's headers:
+ * status line digits, date, and one framing line plus "connection" and the
+ * blank line ("content-length: " + 20 digits + CRLF is the longest). */
+#define HEAD_SLACK 160
+
+/* Format the status line and headers into r->head, sized once, with plain
+ * copies (no printf: this runs once per response). */
 static int format_head(h1req_t *r, int status, const osr_http_header_t *h, size_t n,
                        int framing)
 {
   h1conn_t *c = r->conn;
-  size_t need = 256;
+  const char *reason = osr_http_reason(status);
+  const char *date = http_date();
+  size_t server_len = c->opts->server_name != NULL ? strlen(c->opts->server_name) : 0;
+  size_t need = HEAD_SLACK + strlen(reason) + strlen(date) + server_len;
   for (size_t i = 0; i < n; i++) {
     if (h[i].name.len == 0 || has_crlf(h[i].name) || has_crlf(h[i].value))
       return OSR_EINVAL; /* no response splitting */
     need += h[i].name.len + h[i].value.len + 4;
   }
-  if (c->opts->server_name != NULL)
-    need += strlen(c->opts->server_name) + 12;
-  osr_buf_init(&r->head, need + 128);
+  if (status < 100 || status > 999)
+    return OSR_EINVAL;
+  head_free(r);
+  r->head = need <= sizeof(r->head_inline) ? r->head_inline : osr_try_malloc(need);
+  if (r->head == NULL)
+    return OSR_ENOMEM;
 
-  int rv = osr_buf_appendf(&r->head, "HTTP/1.1 %d %s\r\n", status, osr_http_reason(status));
-  for (size_t i = 0; rv == 0 && i < n; i++) {
+  char code[3] = {(char)('0' + status / 100), (char)('0' + status / 10 % 10),
+                  (char)('0' + status % 10)};
+  HEAD_PUT_LIT(r, "HTTP/1.1 ");
+  head_put(r, code, 3);
+  head_put(r, " ", 1);
+  head_put(r, reason, strlen(reason));
+  HEAD_PUT_LIT(r, "\r\n");
+  for (size_t i = 0; i < n; i++) {
     /* Framing headers are ours to write (see http.h). */
     if (framing && (name_is(h[i].name, "content-length") ||
                     name_is(h[i].name, "transfer-encoding") || name_is(h[i].name, "connection")))
       continue;
-    rv = osr_buf_appendf(&r->head, "%.*s: %.*s\r\n", (int)h[i].name.len, h[i].name.base,
-                         (int)h[i].value.len, h[i].value.base);
+    head_put(r, h[i].name.base, h[i].name.len);
+    HEAD_PUT_LIT(r, ": ");
+    head_put(r, h[i].value.base, h[i].value.len);
+    HEAD_PUT_LIT(r, "\r\n");
   }
-  if (rv == 0)
-    rv = osr_buf_appendf(&r->head, "date: %s\r\n", http_date());
-  if (rv == 0 && c->opts->server_name != NULL)
-    rv = osr_buf_appendf(&r->head, "server: %s\r\n", c->opts->server_name);
-  if (rv != 0)
-    osr_buf_dispose(&r->head);
-  return rv;
+  HEAD_PUT_LIT(r, "date: ");
+  head_put(r, date, strlen(date));
+  HEAD_PUT_LIT(r, "\r\n");
+  if (server_len != 0) {
+    HEAD_PUT_LIT(r, "server: ");
+    head_put(r, c->opts->server_name, server_len);
+    HEAD_PUT_LIT(r, "\r\n");
+  }
+  return 0;
 }
 
 static int h1_respond(osr_http_req_t *req, int status, const osr_http_header_t *h, size_t n,
@@ -760,20 +854,20 @@ static int h1_respond(osr_http_req_t *req, int status, const osr_http_header_t *
   int rv = format_head(r, status, h, n, 1);
   if (rv != 0)
     return rv;
-  if (status != 204 && status != 304 && content_length >= 0)
-    rv = osr_buf_appendf(&r->head, "content-length: %lld\r\n", (long long)content_length);
-  else if (r->chunked)
-    rv = osr_buf_appendf(&r->head, "transfer-encoding: chunked\r\n");
-  if (rv == 0 && !r->keep_alive)
-    rv = osr_buf_appendf(&r->head, "connection: close\r\n");
-  else if (rv == 0 && req->version == 10)
-    rv = osr_buf_appendf(&r->head, "connection: keep-alive\r\n");
-  if (rv == 0)
-    rv = osr_buf_append(&r->head, "\r\n", 2);
-  if (rv != 0) {
-    osr_buf_dispose(&r->head);
-    return rv;
+  if (status != 204 && status != 304 && content_length >= 0) {
+    char digits[20];
+    char *d = fmt_u64(digits, (uint64_t)content_length);
+    HEAD_PUT_LIT(r, "content-length: ");
+    head_put(r, d, (size_t)(digits + sizeof(digits) - d));
+    HEAD_PUT_LIT(r, "\r\n");
+  } else if (r->chunked) {
+    HEAD_PUT_LIT(r, "transfer-encoding: chunked\r\n");
   }
+  if (!r->keep_alive)
+    HEAD_PUT_LIT(r, "connection: close\r\n");
+  else if (req->version == 10)
+    HEAD_PUT_LIT(r, "connection: keep-alive\r\n");
+  HEAD_PUT_LIT(r, "\r\n");
   r->resp_cl = r->no_body ? 0 : content_length;
   r->head_pending = 1;
   return 0;
@@ -787,7 +881,7 @@ static void on_resp_written(osr_sock_t *s, int status, void *arg)
 
   r->write_inflight = 0;
   osr_freep(&r->iov_heap);
-  osr_buf_dispose(&r->head); /* only the first write carries it */
+  head_free(r); /* only the first write carries it */
   if (status == 0 && r->end_queued)
     r->resp_done = 1;
   osr_http_write_cb cb = r->wcb;
@@ -841,10 +935,18 @@ static int h1_write(osr_http_req_t *req, const osr_iovec_t *bufs, size_t nbufs, 
   }
   size_t k = 0;
   if (r->head_pending)
-    iov[k++] = osr_iov(osr_buf_data(&r->head), r->head.len);
+    iov[k++] = osr_iov(r->head, r->head_len);
   if (r->chunked && total > 0) {
-    int n = snprintf(r->chunk_line, sizeof(r->chunk_line), "%llx\r\n", (unsigned long long)total);
-    iov[k++] = osr_iov(r->chunk_line, (size_t)n);
+    /* The chunk-size line, hex digits right-aligned in chunk_line. */
+    char *lim = r->chunk_line + sizeof(r->chunk_line);
+    char *d = lim - 2;
+    memcpy(d, "\r\n", 2);
+    uint64_t v = total;
+    do {
+      *--d = "0123456789abcdef"[v & 15];
+      v >>= 4;
+    } while (v != 0);
+    iov[k++] = osr_iov(d, (size_t)(lim - d));
   }
   for (size_t i = 0; i < nbufs; i++) {
     if (bufs[i].len != 0)
@@ -942,13 +1044,10 @@ static int h1_upgrade(osr_http_req_t *req, const osr_http_header_t *h, size_t n,
   if (req->expect_body || cb == NULL)
     return OSR_EINVAL;
   int rv = format_head(r, 101, h, n, 0);
-  if (rv == 0)
-    rv = osr_buf_append(&r->head, "\r\n", 2);
-  if (rv != 0) {
-    osr_buf_dispose(&r->head);
+  if (rv != 0)
     return rv;
-  }
-  osr_iovec_t iov = osr_iov(osr_buf_data(&r->head), r->head.len);
+  HEAD_PUT_LIT(r, "\r\n");
+  osr_iovec_t iov = osr_iov(r->head, r->head_len);
   r->wcb = NULL;
   r->write_inflight = 1;
   r->end_queued = 1;
@@ -956,7 +1055,7 @@ static int h1_upgrade(osr_http_req_t *req, const osr_http_header_t *h, size_t n,
   if (rv != 0) {
     r->write_inflight = 0;
     r->end_queued = 0;
-    osr_buf_dispose(&r->head);
+    head_free(r);
     return rv;
   }
   r->upgrading = 1;

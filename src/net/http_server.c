@@ -187,6 +187,15 @@ int osr_http_send(osr_http_req_t *req, int status, const char *content_type, con
   int rv = osr_http_respond(req, status, h, nh, (int64_t)len);
   if (rv != 0)
     return rv;
+  if (req->version < 20 && len <= sizeof(req->_send_small)) {
+    /* An HTTP/1.x request outlives its last write (the connection frees it
+     * only after the socket gave the write back), so a small body can be
+     * copied into it instead of a block of its own. */
+    if (len != 0)
+      memcpy(req->_send_small, body, len);
+    osr_iovec_t small = osr_iov(req->_send_small, len);
+    return osr_http_write(req, &small, 1, 1, NULL, NULL);
+  }
   char *copy = osr_try_malloc(len);
   if (copy == NULL) {
     osr_http_abort(req);

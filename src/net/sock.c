@@ -21,13 +21,7 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-typedef struct write_req_s {
-  uv_write_t req;
-  osr_sock_t *sock;
-  size_t bytes;
-  osr_sock_write_cb cb;
-  void *arg;
-} write_req_t;
+typedef osr__sock_wreq_t write_req_t;
 
 typedef struct shutdown_req_s {
   uv_shutdown_t req;
@@ -37,6 +31,8 @@ typedef struct shutdown_req_s {
 } shutdown_req_t;
 
 static void sock_update_reading(osr_sock_t *s);
+static void on_kick(uv_idle_t *idle);
+static void wdone_run(osr_sock_t *s);
 static void do_close(osr_sock_t *s);
 
 int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
@@ -112,6 +108,14 @@ static void on_idle_timer(uv_timer_t *t)
     osr__sock_handshake_done(s, OSR_ETIMEDOUT);
     return;
   }
+  if (s->_idle_timeout_ms == 0)
+    return;
+  /* touch() only records the time (see there): the timer may be early. */
+  uint64_t idle = uv_now(t->loop) - s->_last_active;
+  if (idle < s->_idle_timeout_ms) {
+    uv_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms - idle, 0);
+    return;
+  }
   if (s->ev != NULL && s->ev->on_timeout != NULL) {
     cb_enter(s);
     s->ev->on_timeout(s);
@@ -121,19 +125,34 @@ static void on_idle_timer(uv_timer_t *t)
   }
 }
 
+/* Activity: called on every read and write completion, so it only records
+ * the loop time; the running timer checks it when it fires and re-arms for
+ * the rest (restarting a libuv timer is a heap removal and insertion). While
+ * a TLS handshake runs, the timer carries the handshake deadline instead. */
 static void touch(osr_sock_t *s)
 {
-  if (s->_idle_timeout_ms != 0 && !(s->_flags & OSR_SOCK_F_CLOSING))
+  if (s->_idle_timeout_ms == 0 || (s->_flags & OSR_SOCK_F_CLOSING))
+    return;
+  s->_last_active = uv_now(s->_timer.loop);
+  if (!uv_is_active((uv_handle_t *)&s->_timer))
     uv_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms, 0);
 }
 
 void osr_sock_set_idle_timeout(osr_sock_t *s, uint64_t ms)
 {
+  uint64_t old = s->_idle_timeout_ms;
   s->_idle_timeout_ms = ms;
-  if (ms == 0)
-    uv_timer_stop(&s->_timer);
-  else
+  if ((s->_flags & OSR_SOCK_F_HANDSHAKING) && uv_is_active((uv_handle_t *)&s->_timer))
+    return; /* the handshake deadline runs; idle time starts after it */
+  /* Servers switch between request and keep-alive timeouts on every
+   * exchange: a timer already due no later than the new timeout only needs
+   * the new start time (on_idle_timer re-arms for the rest). */
+  if (ms != 0 && old != 0 && ms >= old && uv_is_active((uv_handle_t *)&s->_timer)) {
     touch(s);
+    return;
+  }
+  uv_timer_stop(&s->_timer);
+  touch(s);
 }
 
 /* ---- reading ------------------------------------------------------------- */
@@ -145,6 +164,14 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   osr_iovec_t tail;
 
   (void)suggested;
+  if (!(s->_flags & (OSR_SOCK_F_READING | OSR_SOCK_F_HANDSHAKING))) {
+    /* Paused, with libuv still reading (see sock_update_reading): offer no
+     * room, so libuv stops. The input buffer must not move now: an owner
+     * that holds a chunk points into it. */
+    buf->base = NULL;
+    buf->len = 0;
+    return;
+  }
   /* Ask for at least 16 KiB of room so one read can take a TLS record or a
    * good chunk of a stream; osr_buf_reserve compacts before it grows. */
   size_t want = 16 * 1024;
@@ -178,9 +205,23 @@ static void read_failed(osr_sock_t *s, int err)
   }
 }
 
+/* Pausing is lazy (see sock_update_reading): a read that arrives while the
+ * owner is not reading stops libuv for real (on_alloc offers no room then,
+ * so such a read usually ends as UV_ENOBUFS). Only a read that found the
+ * owner paused counts: owners pause from inside their read callback. */
+static void lazy_stop(osr_sock_t *s)
+{
+  if ((s->_flags & (OSR_SOCK_F_READING | OSR_SOCK_F_HANDSHAKING | OSR_SOCK_F_CLOSING)) == 0 &&
+      (s->_flags & OSR_SOCK_F_UV_READING)) {
+    uv_read_stop(&s->_h.stream);
+    s->_flags &= ~OSR_SOCK_F_UV_READING;
+  }
+}
+
 static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
   osr_sock_t *s = stream->data;
+  int paused = !(s->_flags & OSR_SOCK_F_READING);
   (void)buf;
 
   if (nread == 0)
@@ -189,6 +230,8 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     /* The buffer is at its cap: stop reading until the owner consumes. */
     uv_read_stop(stream);
     s->_flags &= ~OSR_SOCK_F_UV_READING;
+    if (paused)
+      return; /* backpressure while the owner pauses, not an error */
     if (s->_tls == NULL || (s->_flags & OSR_SOCK_F_HANDSHAKING) == 0) {
       if (s->input.len >= s->input.max)
         osr__sock_deliver(s, OSR_ETOOLARGE);
@@ -198,6 +241,13 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
   if (nread < 0) {
     if (s->_flags & OSR_SOCK_F_HANDSHAKING) {
       osr__sock_handshake_done(s, nread == UV_EOF ? OSR_ECONNRESET : (int)nread);
+      return;
+    }
+    if (!(s->_flags & OSR_SOCK_F_READING)) {
+      /* Paused: the owner learns of the end when it reads again, after
+       * the bytes still buffered, as if libuv had not been reading. */
+      s->_pending_err = (int)nread;
+      lazy_stop(s);
       return;
     }
     read_failed(s, (int)nread);
@@ -212,11 +262,16 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         osr__sock_handshake_done(s, rv);
       else
         read_failed(s, rv);
+      return;
     }
+    if (paused)
+      lazy_stop(s);
     return;
   }
   osr_buf_commit(&s->input, (size_t)nread);
   osr__sock_deliver(s, 0);
+  if (paused)
+    lazy_stop(s);
 }
 
 /* Make uv reading match what the owner wants and what the buffers allow. */
@@ -231,13 +286,21 @@ static void sock_update_reading(osr_sock_t *s)
   else
     want = (s->_flags & OSR_SOCK_F_READING) != 0;
 
-  if (want && !(s->_flags & OSR_SOCK_F_UV_READING)) {
+  if (want && s->_pending_err != 0) {
+    /* An end read while paused: delivered by on_kick, after the input. */
+    uv_idle_start(&s->_kick, on_kick);
+  } else if (want && !(s->_flags & OSR_SOCK_F_UV_READING)) {
     if (uv_read_start(&s->_h.stream, on_alloc, on_uv_read) == 0)
       s->_flags |= OSR_SOCK_F_UV_READING;
-  } else if (!want && (s->_flags & OSR_SOCK_F_UV_READING)) {
+  } else if (!want && (s->_flags & OSR_SOCK_F_UV_READING) &&
+             (s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_EOF))) {
     uv_read_stop(&s->_h.stream);
     s->_flags &= ~OSR_SOCK_F_UV_READING;
   }
+  /* A mere pause leaves libuv reading: owners pause and resume around every
+   * request, and each uv_read_stop/start pair costs two epoll_ctl calls.
+   * Bytes that arrive while paused stay in the kernel: on_alloc offers no
+   * room and libuv is stopped then. */
 }
 
 int osr__sock_raw_read_start(osr_sock_t *s)
@@ -258,6 +321,8 @@ static void on_kick(uv_idle_t *idle)
   osr_sock_t *s = idle->data;
 
   uv_idle_stop(idle);
+  if (!(s->_flags & OSR_SOCK_F_CLOSING))
+    wdone_run(s);
   if ((s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_READING)) != OSR_SOCK_F_READING)
     return;
   if (s->_tls != NULL) {
@@ -272,6 +337,12 @@ static void on_kick(uv_idle_t *idle)
   s->_kick_forced = 0;
   if (s->input.len != 0 || forced)
     osr__sock_deliver(s, 0);
+  if (s->_pending_err != 0 &&
+      (s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_READING)) == OSR_SOCK_F_READING) {
+    int err = s->_pending_err;
+    s->_pending_err = 0;
+    read_failed(s, err);
+  }
 }
 
 void osr_sock_kick(osr_sock_t *s)
@@ -310,20 +381,51 @@ int osr_sock_is_reading(const osr_sock_t *s)
 
 /* ---- writing ------------------------------------------------------------- */
 
+/* Run the callbacks of writes that completed at once (see _wdone), oldest
+ * first. Called from top-level libuv callbacks only. */
+static void wdone_run(osr_sock_t *s)
+{
+  unsigned n = s->_wdone_n;
+  if (n == 0)
+    return;
+  osr_sock_write_cb cbs[OSR_ARRAY_SIZE(s->_wdone)];
+  void *args[OSR_ARRAY_SIZE(s->_wdone)];
+  for (unsigned i = 0; i < n; i++) {
+    cbs[i] = s->_wdone[i].cb;
+    args[i] = s->_wdone[i].arg;
+  }
+  s->_wdone_n = 0; /* the callbacks may write again */
+  touch(s);
+  cb_enter(s);
+  for (unsigned i = 0; i < n; i++) {
+    if (cbs[i] != NULL)
+      cbs[i](s, 0, args[i]);
+  }
+  cb_leave(s);
+}
+
 static void on_uv_write(uv_write_t *req, int status)
 {
   write_req_t *wr = osr_container_of(req, write_req_t, req);
   osr_sock_t *s = wr->sock;
+  osr_sock_write_cb cb = wr->cb;
+  void *arg = wr->arg;
 
+  /* Writes that completed at once were issued before this one. */
+  wdone_run(s);
   s->_write_queue -= wr->bytes;
+  /* Free the request first: the callback usually writes again. */
+  if (wr == &s->_wr_inline)
+    s->_wr_inline_busy = 0;
+  else
+    osr_free(wr);
   if (status == 0)
     touch(s);
-  if (wr->cb != NULL) {
+  if (cb != NULL) {
     cb_enter(s);
-    wr->cb(s, status == UV_ECANCELED ? OSR_ECANCELED : status, wr->arg);
+    cb(s, status == UV_ECANCELED ? OSR_ECANCELED : status, arg);
     cb_leave(s);
   }
-  osr_free(wr);
 }
 
 int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
@@ -334,7 +436,47 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
   if (nbufs > UINT32_MAX)
     return OSR_EINVAL;
 
-  write_req_t *wr = osr_xmalloc(sizeof(*wr));
+  /* Nothing queued: try the kernel first (most writes fit the socket
+   * buffer). A partial write queues the rest below. */
+  osr_iovec_t rest_inline[16];
+  osr_iovec_t *rest = NULL;
+  if (s->_write_queue == 0 && s->_wdone_n < OSR_ARRAY_SIZE(s->_wdone) &&
+      uv_stream_get_write_queue_size(&s->_h.stream) == 0) {
+    size_t total = 0;
+    for (size_t i = 0; i < nbufs; i++)
+      total += bufs[i].len;
+    int n = uv_try_write(&s->_h.stream, (const uv_buf_t *)bufs, (unsigned)nbufs);
+    if (n >= 0 && (size_t)n == total) {
+      s->_wdone[s->_wdone_n].cb = cb;
+      s->_wdone[s->_wdone_n].arg = arg;
+      s->_wdone_n++;
+      uv_idle_start(&s->_kick, on_kick);
+      return 0;
+    }
+    if (n > 0) {
+      size_t skip = (size_t)n, i = 0;
+      while (skip >= bufs[i].len) {
+        skip -= bufs[i].len;
+        i++;
+      }
+      size_t left = nbufs - i;
+      rest = left <= OSR_ARRAY_SIZE(rest_inline) ? rest_inline : osr_xmalloc(left * sizeof(*rest));
+      memcpy(rest, bufs + i, left * sizeof(*rest));
+      rest[0].base = (char *)rest[0].base + skip;
+      rest[0].len -= skip;
+      bufs = rest;
+      nbufs = left;
+    }
+    /* Errors (EPIPE, ...) are reported the usual way, by uv_write. */
+  }
+
+  write_req_t *wr;
+  if (!s->_wr_inline_busy) {
+    wr = &s->_wr_inline;
+    s->_wr_inline_busy = 1;
+  } else {
+    wr = osr_xmalloc(sizeof(*wr));
+  }
   wr->sock = s;
   wr->cb = cb;
   wr->arg = arg;
@@ -343,8 +485,13 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
     wr->bytes += bufs[i].len;
   /* uv_write copies the iovec array itself and splits at IOV_MAX. */
   int rv = uv_write(&wr->req, &s->_h.stream, (const uv_buf_t *)bufs, (unsigned)nbufs, on_uv_write);
+  if (rest != NULL && rest != rest_inline)
+    osr_free(rest);
   if (rv != 0) {
-    osr_free(wr);
+    if (wr == &s->_wr_inline)
+      s->_wr_inline_busy = 0;
+    else
+      osr_free(wr);
     return rv;
   }
   s->_write_queue += wr->bytes;
@@ -429,6 +576,11 @@ int osr_sock_shutdown(osr_sock_t *s, osr_sock_write_cb cb, void *arg)
 static void on_handle_closed(uv_handle_t *h)
 {
   osr_sock_t *s = h->data;
+  if (h == &s->_h.handle && s->_wdone_n != 0) {
+    /* Written before the close and not yet reported (a queued uv_write
+     * would have run them first, in on_uv_write): they succeeded. */
+    wdone_run(s);
+  }
   if (--s->_open_handles != 0)
     return;
   if (s->_listener != NULL)
@@ -501,6 +653,7 @@ void osr__sock_handshake_done(osr_sock_t *s, int status)
   s->_flags &= ~OSR_SOCK_F_HANDSHAKING;
   s->_handshake_cb = NULL;
   uv_timer_stop(&s->_timer);
+  touch(s); /* idle time counts from the end of the handshake */
   /* Reading continues only if the next owner asks for it. */
   sock_update_reading(s);
   if (cb != NULL) {

@@ -76,6 +76,15 @@ enum {
   OSR_SOCK_F_DRAINING = 1u << 7,
 };
 
+/* One queued write (private to sock.c; here so a socket can embed one). */
+typedef struct osr__sock_wreq_s {
+  uv_write_t req;
+  osr_sock_t *sock;
+  size_t bytes;
+  osr_sock_write_cb cb;
+  void *arg;
+} osr__sock_wreq_t;
+
 struct osr_sock_s {
   /** The owner's pointer. */
   void *data;
@@ -94,6 +103,21 @@ struct osr_sock_s {
   uv_timer_t _timer;
   uv_idle_t _kick;            /* deferred delivery of buffered input */
   uint64_t _idle_timeout_ms;
+  uint64_t _last_active;       /* loop time of the last read or write (idle timer) */
+  /* The common case is one write in flight (request/response): it uses this
+   * request instead of an allocation. */
+  osr__sock_wreq_t _wr_inline;
+  int _wr_inline_busy;
+  int _pending_err;           /* EOF/error read while the owner paused reading */
+  /* Writes the kernel took whole at once (uv_try_write): their callbacks
+   * run from _kick on the next loop turn, in order, never from inside
+   * osr_sock_write. This skips libuv's write queue, whose drain costs an
+   * epoll_ctl per write. */
+  struct {
+    osr_sock_write_cb cb;
+    void *arg;
+  } _wdone[4];
+  unsigned _wdone_n;
   size_t _write_queue;        /* bytes queued and not yet written */
   unsigned _flags;
   int _open_handles;          /* handles to close before freeing */
