@@ -1237,8 +1237,8 @@ static size_t act_key(const osr_redis_t *r, char *key)
   return r->prefix_len + sizeof("activity") - 1;
 }
 
-static int act_send(osr_redis_t *r, int cached, const char *const *ids, const int64_t *ms,
-                    size_t n, osr_redis_done_cb cb, void *data);
+static int act_send(osr_redis_t *r, int cached, const char *const *ids, const int64_t *ms, size_t n,
+                    osr_redis_done_cb cb, void *data);
 
 int osr_redis_activity_add(osr_redis_t *r, const char *const *ids, const int64_t *ms, size_t n,
                            osr_redis_done_cb cb, void *data)
@@ -1252,8 +1252,8 @@ int osr_redis_activity_cached(osr_redis_t *r, const char *const *ids, const int6
   return act_send(r, 1, ids, ms, n, cb, data);
 }
 
-static int act_send(osr_redis_t *r, int cached, const char *const *ids, const int64_t *ms,
-                    size_t n, osr_redis_done_cb cb, void *data)
+static int act_send(osr_redis_t *r, int cached, const char *const *ids, const int64_t *ms, size_t n,
+                    osr_redis_done_cb cb, void *data)
 {
   if (r == NULL || ids == NULL || ms == NULL || cb == NULL || n == 0 ||
       n > OSR_REDIS_ACTIVITY_BATCH_MAX)

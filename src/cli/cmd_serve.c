@@ -25,9 +25,9 @@
 
 typedef struct serve_dp_s {
   osr_dataplane_t *dp;
-  osr_gw_t *gw; /* activity reports go straight into its store */
+  osr_gw_t *gw;                  /* activity reports go straight into its store */
   uint64_t activity_interval_ms; /* --activity-interval-ms / OSR_ACTIVITY_INTERVAL_MS */
-  char domain[256]; /* the data plane's Host-form domain (its config points here) */
+  char domain[256];              /* the data plane's Host-form domain (its config points here) */
   void (*done)(void *arg);
   void *arg;
 } serve_dp_t;

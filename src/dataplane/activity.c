@@ -218,8 +218,8 @@ static void on_redis_added(int status, void *data)
     send_done(a, 0, a->off);
     return;
   }
-  size_t k = a->n - a->off < OSR_REDIS_ACTIVITY_BATCH_MAX ? a->n - a->off
-                                                           : OSR_REDIS_ACTIVITY_BATCH_MAX;
+  size_t k =
+      a->n - a->off < OSR_REDIS_ACTIVITY_BATCH_MAX ? a->n - a->off : OSR_REDIS_ACTIVITY_BATCH_MAX;
   a->off += k;
   if (a->off < a->n && !a->stopping)
     send_redis_slice(a);
@@ -229,8 +229,8 @@ static void on_redis_added(int status, void *data)
 
 static void send_redis_slice(dp_activity_t *a)
 {
-  size_t k = a->n - a->off < OSR_REDIS_ACTIVITY_BATCH_MAX ? a->n - a->off
-                                                           : OSR_REDIS_ACTIVITY_BATCH_MAX;
+  size_t k =
+      a->n - a->off < OSR_REDIS_ACTIVITY_BATCH_MAX ? a->n - a->off : OSR_REDIS_ACTIVITY_BATCH_MAX;
   int rv = a->dp->redis != NULL ? osr_redis_activity_add(a->dp->redis, a->idp + a->off,
                                                          a->ms + a->off, k, on_redis_added, a)
                                 : OSR_EUNAVAILABLE;
@@ -465,8 +465,7 @@ void osr__dp_activity_start(osr_dataplane_t *dp)
   uv_timer_init(dp->loop, &a->timer);
   a->timer.data = a;
   a->timer_open = 1;
-  uv_timer_start(&a->timer, on_timer, dp->cfg.activity_interval_ms,
-                 dp->cfg.activity_interval_ms);
+  uv_timer_start(&a->timer, on_timer, dp->cfg.activity_interval_ms, dp->cfg.activity_interval_ms);
 }
 
 static void on_timer_closed(uv_handle_t *h)

@@ -396,10 +396,9 @@ static char *dup_into(char **w, const char *s)
 
 static void copy_config(osr_dataplane_t *dp, const osr_dataplane_config_t *cfg)
 {
-  const char *strs[] = {cfg->keys_dir,    cfg->keys_url,    cfg->redis_url,
-                        cfg->redis_prefix, cfg->domain,      cfg->tls_cert,
-                        cfg->tls_key,      cfg->gateway_url, cfg->gateway_key,
-                        cfg->metrics_key};
+  const char *strs[] = {cfg->keys_dir,    cfg->keys_url,   cfg->redis_url, cfg->redis_prefix,
+                        cfg->domain,      cfg->tls_cert,   cfg->tls_key,   cfg->gateway_url,
+                        cfg->gateway_key, cfg->metrics_key};
   size_t total = 0;
   for (size_t i = 0; i < OSR_ARRAY_SIZE(strs); i++)
     total += strs[i] != NULL ? strlen(strs[i]) + 1 : 0;

@@ -33,9 +33,9 @@
 
 static const char *const kind_names[DP_KIND_N] = {"none", "envd", "port", "upgrade"};
 static const char *const class_names[6] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
-static const char *const auth_names[DP_AUTH_N] = {
-    "missing", "malformed", "signature", "expired", "unknown_key",
-    "revoked", "sandbox",   "scope",     "port"};
+static const char *const auth_names[DP_AUTH_N] = {"missing", "malformed",   "signature",
+                                                  "expired", "unknown_key", "revoked",
+                                                  "sandbox", "scope",       "port"};
 
 void osr__dp_count(osr_dataplane_t *dp, dp_kind_t kind, int status)
 {

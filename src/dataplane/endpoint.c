@@ -27,9 +27,9 @@
 #include "util/log.h"
 #include "util/mem.h"
 
-#define MOD         OSR_DP_MOD
-#define EP_BUCKETS  1024
-#define DP_EP_MAX   20000
+#define MOD        OSR_DP_MOD
+#define EP_BUCKETS 1024
+#define DP_EP_MAX  20000
 
 typedef struct ep_s {
   struct ep_s *next;
