@@ -259,7 +259,13 @@ static void on_batch_written(osr_sock_t *s, int status, void *arg)
   osr__h2_batch_t *b = arg;
   osr__h2_conn_t *c = b->conn;
   (void)s;
+  /* The write callbacks usually answer with more output (the next chunk,
+   * a released window): collect it all into the one flush below instead of
+   * one socket write per stream. */
+  int was_flushing = c->flushing;
+  c->flushing = 1;
   batch_done(c, b, status);
+  c->flushing = was_flushing;
   if (status != 0 && c->close_status == 0)
     c->close_status = status;
   if (!c->closed) {

@@ -165,16 +165,28 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 
   (void)suggested;
   if (!(s->_flags & (OSR_SOCK_F_READING | OSR_SOCK_F_HANDSHAKING))) {
-    /* Paused, with libuv still reading (see sock_update_reading): offer no
-     * room, so libuv stops. The input buffer must not move now: an owner
-     * that holds a chunk points into it. */
-    buf->base = NULL;
-    buf->len = 0;
+    /* Paused, with libuv still reading (see sock_update_reading). The input
+     * buffer must not move now (an owner that holds a chunk points into
+     * it), so only the free tail it already has is offered; with no room
+     * left (or TLS, which would decrypt into it) libuv stops. A request
+     * pipelined behind the current one thus waits here, not in a
+     * uv_read_stop/start pair. */
+    size_t room = b->base != NULL ? b->cap - b->off - b->len : 0;
+    if (s->_tls != NULL || room < 4096) {
+      buf->base = NULL;
+      buf->len = 0;
+      return;
+    }
+    buf->base = b->base + b->off + b->len;
+    buf->len = room;
     return;
   }
-  /* Ask for at least 16 KiB of room so one read can take a TLS record or a
-   * good chunk of a stream; osr_buf_reserve compacts before it grows. */
-  size_t want = 16 * 1024;
+  /* Ask for 64 KiB of room so one read takes a whole request with a
+   * typical body, or several TLS records: a read that fills the buffer makes
+   * libuv read again at once, and if the owner paused meanwhile (it holds
+   * the first chunk) that costs a uv_read_stop/start pair. Pages never
+   * written stay unresident. osr_buf_reserve compacts before it grows. */
+  size_t want = 64 * 1024;
   if (b->max - b->len < want)
     want = b->max - b->len;
   if (want == 0 || osr_buf_reserve(b, want, &tail) != 0) {
@@ -205,10 +217,10 @@ static void read_failed(osr_sock_t *s, int err)
   }
 }
 
-/* Pausing is lazy (see sock_update_reading): a read that arrives while the
- * owner is not reading stops libuv for real (on_alloc offers no room then,
- * so such a read usually ends as UV_ENOBUFS). Only a read that found the
- * owner paused counts: owners pause from inside their read callback. */
+/* Pausing is lazy (see sock_update_reading): on_alloc limits what a paused
+ * socket takes, and a TLS read that found the owner paused stops libuv.
+ * Only a read that found the owner paused counts: owners pause from inside
+ * their read callback. */
 static void lazy_stop(osr_sock_t *s)
 {
   if ((s->_flags & (OSR_SOCK_F_READING | OSR_SOCK_F_HANDSHAKING | OSR_SOCK_F_CLOSING)) == 0 &&
@@ -269,9 +281,7 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     return;
   }
   osr_buf_commit(&s->input, (size_t)nread);
-  osr__sock_deliver(s, 0);
-  if (paused)
-    lazy_stop(s);
+  osr__sock_deliver(s, 0); /* kept in s->input while paused */
 }
 
 /* Make uv reading match what the owner wants and what the buffers allow. */
@@ -299,8 +309,8 @@ static void sock_update_reading(osr_sock_t *s)
   }
   /* A mere pause leaves libuv reading: owners pause and resume around every
    * request, and each uv_read_stop/start pair costs two epoll_ctl calls.
-   * Bytes that arrive while paused stay in the kernel: on_alloc offers no
-   * room and libuv is stopped then. */
+   * Bytes that arrive while paused fill at most the input buffer's free
+   * tail (on_alloc); then libuv is stopped (UV_ENOBUFS). */
 }
 
 int osr__sock_raw_read_start(osr_sock_t *s)
