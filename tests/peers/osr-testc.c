@@ -5,12 +5,14 @@
  *
  *   osr-testc [--h2] [--tls] [--ca F] [--insecure] [--sni NAME] [--method M]
  *             [--header 'k: v']... [--data STR | --data-file F] [--chunked]
- *             [--repeat N] [--out F] [--timeout-ms N] ADDR TARGET
+ *             [--repeat N] [--out F] [--timeout-ms N] [--hold-ms N] ADDR TARGET
  *
  * --h2 without --tls speaks h2c with prior knowledge; with --tls it offers
  * ALPN h2 (else only http/1.1). Prints, per request: "version 11|20",
  * "status N", "header name: value"..., "body-bytes N", "body-sha256 HEX".
  * On failure prints "error <code> <text>" and exits 1.
+ * --hold-ms N holds every body chunk for N ms before releasing it (zero-copy
+ * backpressure: the connection reads nothing meanwhile).
  */
 #include <openssl/evp.h>
 #include <signal.h>
@@ -35,6 +37,7 @@ static struct {
   int has_data;
   unsigned long repeat;
   uint64_t timeout_ms;
+  uint64_t hold_ms;
 } opt;
 
 static osr_http_client_t *client;
@@ -44,6 +47,8 @@ static FILE *out_file;
 static EVP_MD_CTX *md;
 static uint64_t body_bytes;
 static uv_timer_t deadline;
+static uv_timer_t hold_timer;
+static osr_http_creq_t *held_req;
 
 static void start_request(void);
 
@@ -51,6 +56,8 @@ static void stop_deadline(void)
 {
   if (!uv_is_closing((uv_handle_t *)&deadline))
     uv_close((uv_handle_t *)&deadline, NULL);
+  if (!uv_is_closing((uv_handle_t *)&hold_timer))
+    uv_close((uv_handle_t *)&hold_timer, NULL);
 }
 
 static void fail(int code, const char *what)
@@ -79,18 +86,34 @@ static void on_response(osr_http_creq_t *r, int status, const osr_http_header_t 
   body_bytes = 0;
 }
 
+static void on_hold_timer(uv_timer_t *t)
+{
+  (void)t;
+  osr_http_creq_t *r = held_req;
+  held_req = NULL;
+  if (r != NULL)
+    osr_http_creq_release(r);
+}
+
 static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
 {
-  (void)r;
   (void)data;
   if (status == 0) {
     body_bytes += chunk->len;
     EVP_DigestUpdate(md, chunk->base, chunk->len);
     if (out_file != NULL && fwrite(chunk->base, 1, chunk->len, out_file) != chunk->len) {
       fail(OSR_EPIPE, "write output");
+      return;
+    }
+    if (opt.hold_ms != 0 && chunk->len != 0) {
+      osr_http_creq_hold(r);
+      held_req = r;
+      uv_timer_start(&hold_timer, on_hold_timer, opt.hold_ms, 0);
     }
     return;
   }
+  held_req = NULL;
+  uv_timer_stop(&hold_timer);
   if (status != OSR_EOF) {
     if (md != NULL) {
       EVP_MD_CTX_free(md);
@@ -185,7 +208,8 @@ static void usage(void)
 {
   fprintf(stderr, "usage: osr-testc [--h2] [--tls] [--ca F] [--insecure] [--sni NAME] [--method M]\n"
                   "                 [--header 'k: v']... [--data STR | --data-file F] [--chunked]\n"
-                  "                 [--repeat N] [--out F] [--timeout-ms N] ADDR TARGET\n");
+                  "                 [--repeat N] [--out F] [--timeout-ms N] [--hold-ms N]\n"
+                  "                 ADDR TARGET\n");
   exit(2);
 }
 
@@ -239,6 +263,8 @@ int main(int argc, char **argv)
       opt.repeat = strtoul(argv[++i], NULL, 10);
     else if (strcmp(a, "--timeout-ms") == 0)
       opt.timeout_ms = strtoull(argv[++i], NULL, 10);
+    else if (strcmp(a, "--hold-ms") == 0)
+      opt.hold_ms = strtoull(argv[++i], NULL, 10);
     else if (strcmp(a, "--data") == 0) {
       opt.data = osr_xstrdup(argv[++i]);
       opt.data_len = strlen(opt.data);
@@ -297,6 +323,7 @@ int main(int argc, char **argv)
     co.tls = tls;
   }
   uv_timer_init(loop, &deadline);
+  uv_timer_init(loop, &hold_timer);
   uv_timer_start(&deadline, on_deadline, opt.timeout_ms, 0);
   int rv = osr_http_client_connect(loop, opt.addr, &co, on_connected, NULL);
   if (tls != NULL)

@@ -896,6 +896,24 @@ class ClientEdge(unittest.TestCase):
         self.assertEqual(field(lines, "body-sha256"),
                          [hashlib.sha256(b"part0;part1;part2;part3;part4;").hexdigest()])
 
+    def test_eof_while_a_chunk_is_held_delivers_the_rest(self):
+        # The server sends the whole response and closes at once; the client
+        # holds every chunk for a while, so the end of the connection arrives
+        # while a chunk is held and bytes are still unread. Both a
+        # Content-Length body and a close-delimited one must arrive whole.
+        parts = [b"chunk-%d;" % i * 512 for i in range(6)]
+        body = b"".join(parts)
+        for head in (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body),
+                     b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"):
+            def script(c, req, head=head):
+                c.sendall(head + parts[0])
+                time.sleep(0.05)
+                c.sendall(b"".join(parts[1:]))
+                c.shutdown(socket.SHUT_WR)
+            cp, lines = self.run_script(script, "--hold-ms", "150")
+            self.assertEqual(cp.returncode, 0, cp.stdout + cp.stderr)
+            self.assertEqual(field(lines, "body-sha256"), [hashlib.sha256(body).hexdigest()])
+
     def test_truncated_body_is_an_error(self):
         def script(c, req):
             c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-some")
