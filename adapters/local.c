@@ -2523,10 +2523,11 @@ static void maybe_close_done(lp_t *lp)
    * holds no sandbox (and runsc keeps no state in it), remove it, or every
    * gateway that ever ran with a private data dir leaves an empty
    * directory in /run/osr behind. rmdir() removes only empty directories,
-   * so sandboxes still running (they outlive the gateway) keep their root.
-   * Two rmdir() calls on a tmpfs, once, at close: not worth a thread-pool
-   * round trip while everything else is being torn down. */
-  if (lp->run_root && lp->sbx == NULL) {
+   * so sandboxes still running (they outlive the gateway) keep their root;
+   * the table is not consulted because a list() that overlapped a destroy
+   * can leave a record of a sandbox that is gone. Two rmdir() calls, once,
+   * at close: not worth a thread-pool round trip during the teardown. */
+  if (lp->run_root) {
     char runsc_root[sizeof(lp->state_dir) + 8];
     fmt(runsc_root, sizeof(runsc_root), "%s/runsc", lp->state_dir);
     rmdir(runsc_root);
