@@ -17,8 +17,8 @@
 
 #include "cache/redis.h"
 #include "dataplane/dp_int.h"
-#include "token/cache.h"
 #include "dataplane/exec.h"
+#include "token/cache.h"
 #include "net/addr.h"
 #include "net/tls.h"
 #include "util/log.h"
@@ -451,11 +451,11 @@ static void dp_free(osr_dataplane_t *dp)
     osr_tls_ctx_unref(dp->client_tls);
   osr_keyring_free(dp->kr_owned);
   osr_revocations_free(dp->rev);
-  osr_token_cache_free(dp->tcache);
   osr__dp_activity_free(dp);
   osr__dp_endpoint_free(dp);
   if (dp->cfg.gateway_key != NULL)
     OPENSSL_cleanse((char *)dp->cfg.gateway_key, strlen(dp->cfg.gateway_key));
+  osr_token_cache_free(dp->tcache);
   OPENSSL_cleanse(dp->agent_secret, sizeof(dp->agent_secret));
   osr_free(dp->strings);
   osr_free(dp);
