@@ -23,6 +23,9 @@ struct osr_connect_s {
   uv_getaddrinfo_t gai;
   uv_connect_t conn;
   uv_timer_t timer;
+  uv_timer_t retry;     /* unix sockets: back-off after EAGAIN */
+  int retry_open;
+  uint64_t backoff_ms;
   struct addrinfo *ai_list;
   struct addrinfo *ai_next;
   osr_sock_t *sock;     /* the socket being connected, if any */
@@ -33,6 +36,7 @@ struct osr_connect_s {
 };
 
 static void try_next(osr_connect_t *c);
+static void retry_later(osr_connect_t *c);
 
 static void maybe_free(osr_connect_t *c)
 {
@@ -59,6 +63,10 @@ static void finish(osr_connect_t *c, osr_sock_t *s, int status)
     return;
   c->done = 1;
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+  if (c->retry_open) {
+    c->retry_open = 0;
+    uv_close((uv_handle_t *)&c->retry, on_timer_closed);
+  }
   if (status != 0 && c->sock != NULL) {
     c->sock->data = NULL;
     osr_sock_close(c->sock);
@@ -104,6 +112,14 @@ static void on_connected(uv_connect_t *req, int status)
     c->last_err = status;
     c->sock = NULL;
     osr_sock_close(s);
+    if (status == UV_EAGAIN && c->addr.is_unix) {
+      /* The listener's backlog is full (a burst of connects): a unix
+       * socket refuses at once instead of queueing like TCP's SYN retries,
+       * so try again shortly, within the deadline. */
+      retry_later(c);
+      maybe_free(c);
+      return;
+    }
     try_next(c);
     maybe_free(c);
     return;
@@ -122,6 +138,32 @@ static void on_connected(uv_connect_t *req, int status)
   c->sock = NULL;
   finish(c, s, 0);
   maybe_free(c);
+}
+
+static int start_connect(osr_connect_t *c, const struct sockaddr *sa);
+
+static void on_retry(uv_timer_t *t)
+{
+  osr_connect_t *c = t->data;
+  if (c->done)
+    return;
+  int rv = start_connect(c, NULL);
+  if (rv != 0)
+    finish(c, NULL, rv);
+}
+
+static void retry_later(osr_connect_t *c)
+{
+  if (!c->retry_open) {
+    uv_timer_init(c->loop, &c->retry);
+    c->retry.data = c;
+    c->retry_open = 1;
+    c->pending++; /* until its close callback */
+    c->backoff_ms = 1;
+  } else if (c->backoff_ms < 64) {
+    c->backoff_ms *= 2;
+  }
+  uv_timer_start(&c->retry, on_retry, c->backoff_ms, 0);
 }
 
 static int start_connect(osr_connect_t *c, const struct sockaddr *sa)
