@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/spawn.h"
 #include "osr_config.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -607,6 +608,10 @@ int main(int argc, char **argv)
                a->token != NULL ? "required" : "NONE");
 
   uv_run(a->loop, UV_RUN_DEFAULT);
+  /* The SIGCHLD watcher (spawn.c) does not keep the loop alive once no
+   * process is watched; close it so the loop can be closed. */
+  osr__agent_spawn_close();
+  uv_run(a->loop, UV_RUN_NOWAIT);
   uv_loop_close(a->loop);
   for (size_t i = 0; i < a->nenvs; i++)
     osr_free(a->envs[i]);

@@ -17,16 +17,11 @@
  * offset (OSR extension "outputOffset", docs/agent.md).
  *
  * Children are spawned detached (setsid), so each is a process-group leader
- * and signals and shutdown reach everything it started.
- *
- * A pty child must also make the pty its controlling terminal, or a shell
- * on it has no job control, Ctrl-C sends nothing and a resize sends no
- * SIGWINCH. That takes TIOCSCTTY in the child between setsid() and exec,
- * and libuv's spawn has no hook there; so a pty child is spawned as
- * /proc/self/exe with the argv[0] PTY_EXEC_ARGV0, and this file's
- * constructor, which runs before osr-agent's main() (no threads, no loop,
- * nothing opened yet), claims the terminal on fd 0 and execs the command in
- * the same process: the pid libuv watches is the command's.
+ * and signals and shutdown reach everything it started. They are spawned by
+ * spawn.c (clone with CLONE_VM | CLONE_VFORK, not libuv's fork: see
+ * spawn.h), which also makes a pty the controlling terminal of a pty child
+ * between setsid() and the exec (TIOCSCTTY), or a shell on it would have no
+ * job control, Ctrl-C would send nothing and a resize no SIGWINCH.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -36,48 +31,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "agent/agent.h"
 #include "agent/ring.h"
+#include "agent/spawn.h"
 #include "util/log.h"
 #include "util/mem.h"
 
 enum { KIND_STDOUT = 1, KIND_STDERR = 2, KIND_PTY = 3 };
 
-/* argv[0] of osr-agent re-executed as the pty trampoline; argv[1..] is the
- * command. Not a flag: main() never sees it. */
-#define PTY_EXEC_ARGV0 "osr-agent:pty-exec"
-#define PTY_EXEC_SELF  "/proc/self/exe"
 /* After a pty process exited, its output ends at the master's EIO or after
  * this long without output, whichever comes first (on_pty_grace). */
 #define PTY_EXIT_GRACE_MS 250
-
-/* The pty trampoline (see the top of the file). glibc passes a constructor
- * main's argc/argv/envp. The child is a session leader already (libuv's
- * detached spawn called setsid()) with the pty slave on fds 0-2, so
- * TIOCSCTTY makes it the controlling terminal (login_tty semantics), and
- * the shell becomes the terminal's foreground process group. On failure
- * the reason goes to the terminal and the exit status is the shell's: 127
- * for a command that is not found, 126 otherwise. */
-__attribute__((constructor)) static void pty_exec_trampoline(int argc, char **argv, char **envp)
-{
-  (void)envp;
-  if (argc < 2 || argv == NULL || argv[0] == NULL || strcmp(argv[0], PTY_EXEC_ARGV0) != 0)
-    return;
-  if (ioctl(STDIN_FILENO, TIOCSCTTY, 0) != 0) {
-    dprintf(STDERR_FILENO, "osr-agent: cannot make the pty the controlling terminal: %s\r\n",
-            strerror(errno));
-    _exit(126);
-  }
-  /* environ is the child's environment here (uv_spawn's env), so execvp
-   * searches the PATH the command was given, as for a pipe child. */
-  execvp(argv[1], argv + 1);
-  int e = errno;
-  dprintf(STDERR_FILENO, "osr-agent: exec %s: %s\r\n", argv[1], strerror(e));
-  _exit(e == ENOENT ? 127 : 126);
-}
 
 #define STDIN_QUEUE_MAX (16 * 1024 * 1024)
 #define KEEPALIVE_EVENT "{\"event\":{\"keepalive\":{}}}"
@@ -95,7 +63,7 @@ typedef struct sub_s {
 struct agent_proc_s {
   agent_t *a;
   agent_proc_t *prev, *next;
-  uv_process_t ph;
+  agent_child_t *child; /* spawn.c's record until the child is reaped */
   uv_pipe_t out, err, in;
   uv_timer_t deadline, retain;
   int handles; /* initialised handles not yet closed */
@@ -110,7 +78,7 @@ struct agent_proc_s {
   json_t *config; /* {cmd,args,envs,cwd} for List */
   osr_ring_t ring;
   sub_t *subs;
-  int exited, ended, timed_out, closing, spawned, ph_init;
+  int exited, ended, timed_out, closing, spawned;
   int64_t exit_status;
   int term_signal;
   size_t stdin_queued;
@@ -198,8 +166,10 @@ static void proc_close(agent_proc_t *p)
     agent_stream_detach(s->st); /* ends it with {}; no callbacks after */
     osr_free(s);
   }
-  if (p->ph_init)
-    close_handle(p, (uv_handle_t *)&p->ph);
+  if (p->child != NULL) {
+    osr__agent_child_detach(p->child);
+    p->child = NULL;
+  }
   close_handle(p, (uv_handle_t *)&p->deadline);
   close_handle(p, (uv_handle_t *)&p->retain);
   if (p->out_init)
@@ -453,9 +423,10 @@ static void on_pty_grace(uv_timer_t *t)
   maybe_end(p);
 }
 
-static void on_exit_cb(uv_process_t *ph, int64_t exit_status, int term_signal)
+static void on_exit_cb(agent_child_t *c, int64_t exit_status, int term_signal)
 {
-  agent_proc_t *p = ph->data;
+  agent_proc_t *p = c->data;
+  p->child = NULL; /* spawn.c frees it after this callback */
   p->exited = 1;
   p->exit_status = exit_status;
   p->term_signal = term_signal;
@@ -605,15 +576,11 @@ static void start_after(uv_work_t *w, int status)
   json_t *args = json_object_get(proc, "args");
   size_t nargs = json_is_array(args) ? json_array_size(args) : 0;
   json_t *pty = json_object_get(msg, "pty");
-  /* A pty child runs through the trampoline: [PTY_EXEC_ARGV0, cmd, args...]. */
-  size_t a0 = json_is_object(pty) ? 1 : 0;
-  char **argv = osr_xcalloc(a0 + nargs + 2, sizeof(char *));
-  if (a0)
-    argv[0] = osr_xstrdup(PTY_EXEC_ARGV0);
-  argv[a0] = osr_xstrdup(cmd);
+  char **argv = osr_xcalloc(nargs + 2, sizeof(char *));
+  argv[0] = osr_xstrdup(cmd);
   for (size_t i = 0; i < nargs; i++) {
     json_t *x = json_array_get(args, i);
-    argv[a0 + i + 1] = osr_xstrdup(json_is_string(x) ? json_string_value(x) : "");
+    argv[i + 1] = osr_xstrdup(json_is_string(x) ? json_string_value(x) : "");
   }
   char **env = build_env(a, &j->user, json_object_get(proc, "envs"));
 
@@ -626,30 +593,29 @@ static void start_after(uv_work_t *w, int status)
   int want_stdin = !json_is_false(jstdin);
   p->is_pty = json_is_object(pty);
 
-  uv_process_options_t o;
-  uv_stdio_container_t stdio[3];
+  agent_spawn_opts_t o;
   memset(&o, 0, sizeof(o));
-  memset(stdio, 0, sizeof(stdio));
-  o.exit_cb = on_exit_cb;
-  o.file = a0 ? PTY_EXEC_SELF : cmd;
-  o.args = argv;
+  o.file = cmd;
+  o.argv = argv;
   o.env = env;
   o.cwd = j->cwd;
-  o.flags = UV_PROCESS_DETACHED;
+  o.new_session = 1;
+  o.ctty = p->is_pty;
+  o.stdio[0] = o.stdio[1] = o.stdio[2] = -1;
   if (j->user.switch_ids) {
-    o.flags |= UV_PROCESS_SETUID | UV_PROCESS_SETGID;
+    o.switch_ids = 1;
     o.uid = j->user.uid;
     o.gid = j->user.gid;
   }
-  o.stdio = stdio;
-  o.stdio_count = 3;
 
-  p->ph.data = p;
   uv_timer_init(a->loop, &p->deadline);
   uv_timer_init(a->loop, &p->retain);
   p->deadline.data = p->retain.data = p;
-  p->handles = 2; /* the timers; the process handle once uv_spawn ran */
-  int slave = -1;
+  p->handles = 2; /* the timers */
+  /* The child's ends (closed here once it runs: it has its own copies) and
+   * ours, handed to the uv pipes after a successful spawn. All CLOEXEC, so
+   * no other child inherits them; the child's dup2 onto 0-2 clears it. */
+  int child_fd[3] = {-1, -1, -1}, our_fd[3] = {-1, -1, -1};
   int rv = 0;
   if (p->is_pty) {
     struct winsize ws;
@@ -661,42 +627,43 @@ static void start_after(uv_work_t *w, int status)
       ws.ws_col = 80;
     if (ws.ws_row == 0)
       ws.ws_row = 24;
-    if (openpty(&p->master_fd, &slave, NULL, NULL, &ws) != 0) {
+    if (openpty(&p->master_fd, &child_fd[0], NULL, NULL, &ws) != 0) {
       rv = -errno;
     } else {
-      /* Neither end may leak into other children (libuv dup2s the slave
-       * onto fds 0-2, which clears the flag there). */
       fcntl(p->master_fd, F_SETFD, FD_CLOEXEC);
-      fcntl(slave, F_SETFD, FD_CLOEXEC);
-      for (int i = 0; i < 3; i++) {
-        stdio[i].flags = UV_INHERIT_FD;
-        stdio[i].data.fd = slave;
-      }
-      uv_pipe_init(a->loop, &p->out, 0);
-      p->out.data = p;
-      p->out_init = 1;
-      p->handles++;
+      fcntl(child_fd[0], F_SETFD, FD_CLOEXEC);
+      o.stdio[0] = o.stdio[1] = o.stdio[2] = child_fd[0];
     }
   } else {
-    uv_pipe_init(a->loop, &p->out, 0);
-    uv_pipe_init(a->loop, &p->err, 0);
-    p->out.data = p->err.data = p;
-    p->out_init = p->err_init = 1;
-    p->handles += 2;
-    stdio[1].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-    stdio[1].data.stream = (uv_stream_t *)&p->out;
-    stdio[2].flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE;
-    stdio[2].data.stream = (uv_stream_t *)&p->err;
-    if (want_stdin) {
-      uv_pipe_init(a->loop, &p->in, 0);
-      p->in.data = p;
-      p->in_init = 1;
-      p->handles++;
-      stdio[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
-      stdio[0].data.stream = (uv_stream_t *)&p->in;
-    } else {
-      stdio[0].flags = UV_IGNORE; /* /dev/null */
+    /* Socket pairs, as libuv's UV_CREATE_PIPE made them: CloseStdin is a
+     * shutdown(SHUT_WR) of our end. */
+    for (int i = 0; i < 3 && rv == 0; i++) {
+      if (i == 0 && !want_stdin)
+        continue; /* /dev/null */
+      int sv[2];
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        rv = -errno;
+        break;
+      }
+      our_fd[i] = sv[0];
+      child_fd[i] = o.stdio[i] = sv[1];
     }
+  }
+  if (rv == 0) {
+    uv_pipe_init(a->loop, &p->out, 0);
+    p->out_init = 1;
+    p->handles++;
+    if (!p->is_pty) {
+      uv_pipe_init(a->loop, &p->err, 0);
+      p->err_init = 1;
+      p->handles++;
+      if (want_stdin) {
+        uv_pipe_init(a->loop, &p->in, 0);
+        p->in_init = 1;
+        p->handles++;
+      }
+    }
+    p->out.data = p->err.data = p->in.data = p;
   }
 
   /* Link first so proc_close() can unlink on any failure below. */
@@ -706,36 +673,56 @@ static void start_after(uv_work_t *w, int status)
   a->procs = p;
   a->nprocs++;
 
-  if (rv == 0) {
-    /* uv_spawn initialises the handle even when it fails: close it then. */
-    rv = uv_spawn(a->loop, &p->ph, &o);
-    p->ph_init = 1;
-    p->handles++;
-  }
-  if (slave >= 0)
-    close(slave);
+  if (rv == 0)
+    rv = osr__agent_spawn(a->loop, &o, on_exit_cb, &p->child);
+  for (int i = 0; i < 3; i++)
+    if (child_fd[i] >= 0)
+      close(child_fd[i]);
   free_strv(argv);
   free_strv(env);
+  int master_handed = 0;
+  if (rv == 0) {
+    p->child->data = p;
+    /* Each fd a uv pipe accepted is the pipe's now (closed by proc_close). */
+    if (p->is_pty) {
+      rv = uv_pipe_open(&p->out, p->master_fd);
+      master_handed = rv == 0;
+    } else {
+      for (int i = 0; i < 3 && rv == 0; i++) {
+        if (our_fd[i] < 0)
+          continue;
+        rv = uv_pipe_open(i == 0 ? &p->in : i == 1 ? &p->out : &p->err, our_fd[i]);
+        if (rv == 0)
+          our_fd[i] = -1;
+      }
+    }
+    if (rv != 0) {
+      /* Cannot happen for fresh fds; if it did, nothing could be read:
+       * end the child rather than leave it unobserved. */
+      OSR_LOG_ERROR("agent", "spawn %s: pipe open: %s", cmd, uv_strerror(rv));
+      kill(-p->child->pid, SIGKILL);
+    }
+  }
   if (rv != 0) {
     OSR_LOG_INFO("agent", "spawn %s: %s", cmd, uv_strerror(rv));
     agent_call_error(call, OSR_CX_INTERNAL, "error starting process '%s': fork/exec %s: %s", cmd,
                      cmd, uv_strerror(rv));
-    if (p->master_fd >= 0) {
+    if (p->master_fd >= 0 && !master_handed)
       close(p->master_fd);
-      p->master_fd = -1;
-    }
+    p->master_fd = -1;
+    for (int i = 0; i < 3; i++)
+      if (our_fd[i] >= 0)
+        close(our_fd[i]);
     p->exited = 1;
     proc_close(p);
     osr_free(j);
     return;
   }
   p->spawned = 1;
-  p->pid = (uint32_t)p->ph.pid;
+  p->pid = (uint32_t)p->child->pid;
   if (p->is_pty) {
-    if (uv_pipe_open(&p->out, p->master_fd) == 0) {
-      p->out_open = 1;
-      p->in_open = 1;
-    }
+    p->out_open = 1;
+    p->in_open = 1;
   } else {
     p->out_open = p->err_open = 1;
     p->in_open = want_stdin;
