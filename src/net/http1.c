@@ -44,6 +44,7 @@
 
 #include "net/http.h"
 #include "net/http1_parse.h"
+#include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -62,7 +63,7 @@
 #define HEAD_INLINE 320
 /* Requests whose struct, header array and strings fit in this many bytes
  * share one block size, so a connection can reuse its last one. */
-#define REQ_BLOCK 4096
+#define REQ_BLOCK 4096 /* = osr_block_size(OSR_BLOCK_4K) */
 
 static const char H2_PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 #define H2_PREFACE_LEN (sizeof(H2_PREFACE) - 1)
@@ -119,7 +120,6 @@ struct h1conn_s {
   uv_timer_t timer;
   int timer_mode;
   h1req_t *req;         /* the current exchange, or NULL */
-  h1req_t *spare;       /* a finished request's block, reused by the next one */
   uint64_t hdr_deadline; /* loop time by which the current head must be complete */
   int sniff;            /* cleartext and nothing parsed yet: look for h2c */
   int draining;
@@ -170,12 +170,13 @@ static void head_free(h1req_t *r)
 
 static void free_req(h1req_t *r)
 {
-  h1conn_t *c = r->conn;
   head_free(r);
   osr_freep(&r->iov_heap);
-  /* Keep one ordinary-sized block for the connection's next request. */
-  if (c->sock != NULL && c->spare == NULL && r->block_cap == REQ_BLOCK)
-    c->spare = r;
+  /* Ordinary-sized blocks go back to the thread's pool: the next request,
+   * on this connection or another, takes the same resident block, and an
+   * idle connection holds none. */
+  if (r->block_cap == REQ_BLOCK)
+    osr_block_put(OSR_BLOCK_4K, r);
   else
     osr_free(r);
 }
@@ -334,7 +335,6 @@ static void on_timer_closed(uv_handle_t *h)
 {
   h1conn_t *c = h->data;
   osr__h1p_dispose(&c->p);
-  osr_free(c->spare);
   osr_free(c);
 }
 
@@ -482,14 +482,9 @@ static h1req_t *new_req(h1conn_t *c, const osr_h1p_t *p)
   size_t need = sizeof(h1req_t) + hdr_bytes + strings + 1;
   size_t cap = need <= REQ_BLOCK ? REQ_BLOCK : need;
   h1req_t *r;
-  if (cap == REQ_BLOCK && c->spare != NULL) {
-    r = c->spare;
-    c->spare = NULL;
-  } else {
-    r = osr_try_malloc(cap);
-    if (r == NULL)
-      return NULL;
-  }
+  r = cap == REQ_BLOCK ? osr_block_get(OSR_BLOCK_4K) : osr_try_malloc(cap);
+  if (r == NULL)
+    return NULL;
   memset(r, 0, sizeof(*r));
   r->block_cap = cap;
   osr_http_header_t *hdrs = (osr_http_header_t *)(void *)(r + 1);
@@ -728,6 +723,7 @@ static void exchange_done(h1conn_t *c)
   }
   /* Next request: buffered pipelined bytes are delivered on the next loop
    * turn (never re-entrantly from here). */
+  osr__h1p_trim(&c->p);
   osr_sock_set_idle_timeout(c->sock, c->opts->limits.idle_timeout_ms);
   osr_sock_read_start(c->sock);
 }

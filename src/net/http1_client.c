@@ -307,6 +307,7 @@ static void maybe_finish(h1client_t *c)
     kill_conn(c, OSR_ECLOSED);
     return;
   }
+  osr__h1p_trim(&c->p); /* between responses: an idle connection holds no head */
   activate_next(c);
 }
 

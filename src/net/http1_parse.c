@@ -14,7 +14,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include "util/blockpool.h"
 #include "util/mem.h"
+
+/* Header index arrays osr__h1p_trim keeps (their first allocation). */
+#define TRIM_KEEP_FIELDS 16
 
 /* Slack in the head buffer for the reason phrase of a response. */
 #define HEAD_SLACK 256
@@ -61,6 +65,12 @@ static int append(osr_h1p_t *p, const char *at, size_t len, int lower)
   osr_iovec_t tail;
   if (len == 0)
     return 0;
+  if (p->head.base == NULL && p->head.max >= osr_block_size(OSR_BLOCK_4K)) {
+    /* A head fits in one pooled block; osr__h1p_trim hands it back. */
+    p->head.base = osr_block_get(OSR_BLOCK_4K);
+    if (p->head.base != NULL)
+      p->head.cap = osr_block_size(OSR_BLOCK_4K);
+  }
   if (osr_buf_reserve(&p->head, len, &tail) != 0)
     return -1;
   if (lower) {
@@ -415,6 +425,10 @@ void osr__h1p_init(osr_h1p_t *p, int is_request, const osr_http_limits_t *limits
 
 void osr__h1p_dispose(osr_h1p_t *p)
 {
+  if (p->head.base != NULL && p->head.cap == osr_block_size(OSR_BLOCK_4K)) {
+    osr_block_put(OSR_BLOCK_4K, p->head.base);
+    p->head.base = NULL;
+  }
   osr_buf_dispose(&p->head);
   osr_freep(&p->_spans);
   osr_freep(&p->_hdrs);
@@ -423,6 +437,30 @@ void osr__h1p_dispose(osr_h1p_t *p)
   p->_nspans = 0;
   p->headers = NULL;
   p->num_headers = 0;
+}
+
+void osr__h1p_trim(osr_h1p_t *p)
+{
+  if (p->_begun)
+    return;
+  if (p->head.base != NULL && p->head.cap == osr_block_size(OSR_BLOCK_4K)) {
+    osr_block_put(OSR_BLOCK_4K, p->head.base);
+    p->head.base = NULL;
+  }
+  osr_buf_dispose(&p->head);
+  /* The index arrays of an ordinary head (16 fields: 768 bytes) stay:
+   * freeing them would cost a malloc/free pair per message. */
+  if (p->_spans_cap > TRIM_KEEP_FIELDS || p->_hdrs_cap > TRIM_KEEP_FIELDS) {
+    osr_freep(&p->_spans);
+    osr_freep(&p->_hdrs);
+    p->_spans_cap = 0;
+    p->_hdrs_cap = 0;
+  }
+  p->_nspans = 0;
+  p->headers = NULL;
+  p->num_headers = 0;
+  p->target = osr_iov(NULL, 0);
+  p->reason = osr_iov(NULL, 0);
 }
 
 void osr__h1p_reset(osr_h1p_t *p)

@@ -136,6 +136,11 @@ void osr__h1p_dispose(osr_h1p_t *p);
 
 /** Clear a failure and start afresh at a message boundary. */
 void osr__h1p_reset(osr_h1p_t *p);
+/** Between messages (after on_complete, before the next bytes), give the
+ *  head's memory back so an idle connection holds none; the previous
+ *  message's results (headers, target, reason) are invalid afterwards.
+ *  No-op while a message is in progress. */
+void osr__h1p_trim(osr_h1p_t *p);
 
 /**
  * Parse `len` bytes. Sets *consumed to the number of bytes the caller may

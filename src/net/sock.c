@@ -18,6 +18,7 @@
 
 #include "net/listener.h"
 #include "net/tls.h"
+#include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -157,6 +158,49 @@ void osr_sock_set_idle_timeout(osr_sock_t *s, uint64_t ms)
 
 /* ---- reading ------------------------------------------------------------- */
 
+/* Read buffers come from the thread's block pool and go back to it as soon
+ * as they hold no bytes (sock_trim), so an idle connection holds none and a
+ * busy one reuses a resident block without a malloc/free pair. */
+#define SOCK_BLOCK OSR_BLOCK_64K
+
+void osr__sock_buf_adopt(osr_buf_t *b)
+{
+  if (b->base != NULL || b->max < osr_block_size(SOCK_BLOCK))
+    return;
+  b->base = osr_block_get(SOCK_BLOCK);
+  if (b->base != NULL)
+    b->cap = osr_block_size(SOCK_BLOCK);
+}
+
+/* Give an empty buffer's memory back (a block to the pool, a buffer that
+ * grew beyond a block to the allocator). Nothing points into a buffer with
+ * no bytes: owners that hold chunks (zero-copy writes) have not consumed
+ * them yet. */
+static void buf_trim(osr_buf_t *b, int closing)
+{
+  size_t block = osr_block_size(SOCK_BLOCK);
+  if (b->base == NULL || (b->len != 0 && !closing))
+    return;
+  if (b->cap == block)
+    osr_block_put(SOCK_BLOCK, b->base);
+  else if (b->cap > block || closing)
+    osr_free(b->base);
+  else
+    return; /* a small buffer (low cap): keep it */
+  b->base = NULL;
+  b->cap = 0;
+  b->off = 0;
+  b->len = 0;
+}
+
+static void sock_trim(osr_sock_t *s)
+{
+  if (s->_flags & OSR_SOCK_F_CLOSING)
+    return;
+  buf_trim(&s->input, 0);
+  buf_trim(&s->_raw, 0);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
   osr_sock_t *s = h->data;
@@ -164,6 +208,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   osr_iovec_t tail;
 
   (void)suggested;
+  osr__sock_buf_adopt(b); /* an empty buffer holds no memory between reads */
   if (!(s->_flags & (OSR_SOCK_F_READING | OSR_SOCK_F_HANDSHAKING))) {
     /* Paused, with libuv still reading (see sock_update_reading). The input
      * buffer must not move now (an owner that holds a chunk points into
@@ -278,10 +323,12 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     }
     if (paused)
       lazy_stop(s);
+    sock_trim(s);
     return;
   }
   osr_buf_commit(&s->input, (size_t)nread);
   osr__sock_deliver(s, 0); /* kept in s->input while paused */
+  sock_trim(s);
 }
 
 /* Make uv reading match what the owner wants and what the buffers allow. */
@@ -347,6 +394,7 @@ static void on_kick(uv_idle_t *idle)
   s->_kick_forced = 0;
   if (s->input.len != 0 || forced)
     osr__sock_deliver(s, 0);
+  sock_trim(s);
   if (s->_pending_err != 0 &&
       (s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_READING)) == OSR_SOCK_F_READING) {
     int err = s->_pending_err;
@@ -600,8 +648,8 @@ static void on_handle_closed(uv_handle_t *h)
   if (s->_tls != NULL)
     osr__tls_free(s->_tls);
   s->_tls = NULL;
-  osr_buf_dispose(&s->input);
-  osr_buf_dispose(&s->_raw);
+  buf_trim(&s->input, 1);
+  buf_trim(&s->_raw, 1);
   osr_free(s);
 }
 

@@ -207,6 +207,11 @@ void osr__sock_deliver(osr_sock_t *s, int status);
  *  error and cb never fires. The owner's events are not used meanwhile. */
 int osr__sock_start_tls(osr_sock_t *s, osr_tls_ctx_t *ctx, int is_server, const char *sni,
                         uint64_t timeout_ms, void (*cb)(osr_sock_t *s, int status));
+/** Give an empty buffer (base NULL) a block from the thread's pool, if its
+ *  cap allows one; no-op otherwise or when out of memory (the caller's
+ *  osr_buf_reserve then allocates). sock.c hands the block back once the
+ *  buffer is empty again. */
+void osr__sock_buf_adopt(osr_buf_t *b);
 /** Called by tls.c when the handshake is done. */
 void osr__sock_handshake_done(osr_sock_t *s, int status);
 

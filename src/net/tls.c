@@ -802,6 +802,7 @@ static int read_records(osr_sock_t *s, osr_tls_conn_t *c)
         break; /* full: the rest waits in _raw / the SSL, see settle() */
       size_t room = s->input.max - s->input.len;
       osr_iovec_t tail;
+      osr__sock_buf_adopt(&s->input);
       rv = osr_buf_reserve(&s->input, room < TLS_RECORD_MAX ? room : TLS_RECORD_MAX, &tail);
       if (rv != 0)
         break;
