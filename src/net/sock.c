@@ -126,34 +126,40 @@ static void on_idle_timer(uv_timer_t *t)
   }
 }
 
-/* Activity: called on every read and write completion, so it only records
- * the loop time; the running timer checks it when it fires and re-arms for
- * the rest (restarting a libuv timer is a heap removal and insertion). While
- * a TLS handshake runs, the timer carries the handshake deadline instead. */
-static void touch(osr_sock_t *s)
+/* Arm the idle timer to fire no later than one idle timeout from now.
+ * Activity (every read and write completion) only records the loop time:
+ * a timer that is already running is due no later than that, and when it
+ * fires early on_idle_timer re-arms it for the rest (restarting a libuv
+ * timer is a heap removal and insertion). A changed timeout restarts it
+ * only if it would otherwise fire too late. While a TLS handshake runs,
+ * the timer carries the handshake deadline instead. */
+static void idle_arm(osr_sock_t *s, int timeout_changed)
 {
   if (s->_idle_timeout_ms == 0 || (s->_flags & OSR_SOCK_F_CLOSING))
     return;
   s->_last_active = uv_now(s->_timer.loop);
-  if (!uv_is_active((uv_handle_t *)&s->_timer))
+  if (!uv_is_active((uv_handle_t *)&s->_timer) ||
+      (timeout_changed && uv_timer_get_due_in(&s->_timer) > s->_idle_timeout_ms))
     uv_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms, 0);
+}
+
+static void touch(osr_sock_t *s)
+{
+  idle_arm(s, 0);
 }
 
 void osr_sock_set_idle_timeout(osr_sock_t *s, uint64_t ms)
 {
-  uint64_t old = s->_idle_timeout_ms;
   s->_idle_timeout_ms = ms;
   if ((s->_flags & OSR_SOCK_F_HANDSHAKING) && uv_is_active((uv_handle_t *)&s->_timer))
     return; /* the handshake deadline runs; idle time starts after it */
-  /* Servers switch between request and keep-alive timeouts on every
-   * exchange: a timer already due no later than the new timeout only needs
-   * the new start time (on_idle_timer re-arms for the rest). */
-  if (ms != 0 && old != 0 && ms >= old && uv_is_active((uv_handle_t *)&s->_timer)) {
-    touch(s);
+  if (ms == 0) {
+    uv_timer_stop(&s->_timer);
     return;
   }
-  uv_timer_stop(&s->_timer);
-  touch(s);
+  /* Servers switch between request and keep-alive timeouts on every
+   * exchange: usually the running timer is early enough already. */
+  idle_arm(s, 1);
 }
 
 /* ---- reading ------------------------------------------------------------- */
@@ -494,15 +500,16 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
   if (nbufs > UINT32_MAX)
     return OSR_EINVAL;
 
+  size_t total = 0;
+  for (size_t i = 0; i < nbufs; i++)
+    total += bufs[i].len;
+
   /* Nothing queued: try the kernel first (most writes fit the socket
    * buffer). A partial write queues the rest below. */
   osr_iovec_t rest_inline[16];
   osr_iovec_t *rest = NULL;
   if (s->_write_queue == 0 && s->_wdone_n < OSR_ARRAY_SIZE(s->_wdone) &&
       uv_stream_get_write_queue_size(&s->_h.stream) == 0) {
-    size_t total = 0;
-    for (size_t i = 0; i < nbufs; i++)
-      total += bufs[i].len;
     int n = uv_try_write(&s->_h.stream, (const uv_buf_t *)bufs, (unsigned)nbufs);
     if (n >= 0 && (size_t)n == total) {
       s->_wdone[s->_wdone_n].cb = cb;
@@ -524,6 +531,7 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
       rest[0].len -= skip;
       bufs = rest;
       nbufs = left;
+      total -= (size_t)n;
     }
     /* Errors (EPIPE, ...) are reported the usual way, by uv_write. */
   }
@@ -538,9 +546,7 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
   wr->sock = s;
   wr->cb = cb;
   wr->arg = arg;
-  wr->bytes = 0;
-  for (size_t i = 0; i < nbufs; i++)
-    wr->bytes += bufs[i].len;
+  wr->bytes = total;
   /* uv_write copies the iovec array itself and splits at IOV_MAX. */
   int rv = uv_write(&wr->req, &s->_h.stream, (const uv_buf_t *)bufs, (unsigned)nbufs, on_uv_write);
   if (rest != NULL && rest != rest_inline)
