@@ -155,7 +155,7 @@ static void fuzz_envelopes(const uint8_t *in, size_t n, uint32_t seed)
     CHECK(chunk != NULL);
     memcpy(chunk, in + off, len);
     size_t used = 0;
-    osr_cx_msg_t m;
+    osr_cx_msg_t m = {0}; /* gcc -O3 cannot see osr_cx_parse sets it when it returns 1 */
     int rv = osr_cx_parse(&p, chunk, len, &used, &m);
     CHECK(used <= len);
     if (rv == 1) {
