@@ -13,10 +13,12 @@
 
 extern const osr_adapter_t osr_adapter_sim;
 extern const osr_adapter_t osr_adapter_local;
+extern const osr_adapter_t osr_adapter_e2b;
 
 static const osr_adapter_t *const table[] = {
   &osr_adapter_sim,
   &osr_adapter_local,
+  &osr_adapter_e2b,
 };
 
 const osr_adapter_t *osr_adapter_find(const char *type)

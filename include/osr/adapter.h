@@ -103,7 +103,7 @@ typedef struct osr_resource_s {
   osr_isolation_t isolation;
   /** How the data plane reaches the agent (envd contract) in the sandbox:
    *  "unix:/path", "http://host:port", "https://host". */
-  char agent_endpoint[256];
+  char agent_endpoint[1024]; /**< may end in a sealed upstream credential (token.h) */
   osr_resource_state_t state;
   osr_capabilities_t granted;  /**< what the sandbox really has */
 } osr_resource_t;

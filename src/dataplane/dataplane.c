@@ -176,6 +176,20 @@ static void on_request(osr_http_req_t *req, void *data)
     refuse(dp, req, 502, rt.sandbox_id, "The sandbox was not found");
     return;
   }
+  /* A sandbox on a remote provider (E2B): its own envd, its own token. */
+  dp_upstream_t up;
+  int remote = osr__dp_upstream_open(dp, ep, c.sandbox_id, &up);
+  if (remote < 0 || (remote > 0 && osr__dp_upstream_addr(&up, rt.port, addr, sizeof(addr)) != 0)) {
+    OSR_LOG_WARN(MOD, "sandbox %s: its upstream credential cannot be opened (agent secret?)",
+                 rt.sandbox_id);
+    refuse(dp, req, 502, rt.sandbox_id, "The sandbox was not found");
+    return;
+  }
+  if (exec && remote > 0) {
+    refuse(dp, req, 501, rt.sandbox_id,
+           "the exec console needs osr-agent; this sandbox runs on its provider's own envd");
+    return;
+  }
   if (exec) {
     /* Activity: the session's start only (exec.c does not hold an entry
      * for the session's lifetime yet, see docs/dataplane.md). */
@@ -190,7 +204,10 @@ static void on_request(osr_http_req_t *req, void *data)
   }
   OSR_LOG_DEBUG(MOD, "%s: %.*s %s -> %s port %u", req->peer, (int)req->method.len, req->method.base,
                 target, addr, rt.port);
-  osr__dp_forward(dp, req, addr, tls, rt.port, target, rt.sandbox_id, src);
+  if (remote > 0)
+    osr__dp_forward_upstream(dp, req, addr, tls, rt.port, target, rt.sandbox_id, src, &up);
+  else
+    osr__dp_forward(dp, req, addr, tls, rt.port, target, rt.sandbox_id, src);
 }
 
 /* ---- keys ------------------------------------------------------------------- */

@@ -119,6 +119,29 @@ void osr__dp_error(osr_http_req_t *req, int status, const char *sid, const char 
 /** Called by proxy.c when the last stream/splice is gone while stopping. */
 void osr__dp_maybe_finish(osr_dataplane_t *dp);
 
+/* ---- upstream credentials (upstream.c) ------------------------------------- */
+
+/** A remote provider's sandbox (E2B), opened from the sealed credential in
+ *  its agent endpoint (token.h "upstream credentials"): requests go to the
+ *  provider's own envd and ports with the provider's token, never the
+ *  client's. */
+typedef struct dp_upstream_s {
+  char host[300];    /* "<providerSandboxId>.<domain>": Host = "<port>-" host */
+  char token[400];   /* envd's X-Access-Token ("" = none) */
+  char traffic[200]; /* e2b-traffic-access-token for other ports ("" = none) */
+  int by_host;       /* the endpoint is the Host form itself: connect per port */
+} dp_upstream_t;
+
+/** If `ep` carries a sealed credential, open it with the agent token of
+ *  `sid` into *up and return 1; 0 if it carries none; OSR_EINVAL if it
+ *  cannot be opened (no agent secret, wrong key, tampered). */
+int osr__dp_upstream_open(osr_dataplane_t *dp, const char *ep, const char *sid, dp_upstream_t *up);
+
+/** The connect address for `port` of an upstream sandbox: "<port>-<host>:443"
+ *  in the Host form, else `addr` (an override such as E2B_SANDBOX_URL's)
+ *  unchanged. Returns 0 or OSR_E2BIG. */
+int osr__dp_upstream_addr(const dp_upstream_t *up, uint16_t port, char *addr, size_t addrlen);
+
 /* ---- forwarding (proxy.c) --------------------------------------------------- */
 
 /** Forward an authorised request to `addr` (the agent's connect address).
@@ -126,6 +149,11 @@ void osr__dp_maybe_finish(osr_dataplane_t *dp);
  *  `target` is copied. Answers the request in every case. */
 void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
                      uint16_t port, const char *target, const char *sid, dp_tok_src_t tok_src);
+/** Same, to a remote provider's sandbox `up` (copied): every port is a
+ *  direct HTTP exchange with the provider's Host form and credential. */
+void osr__dp_forward_upstream(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
+                              uint16_t port, const char *target, const char *sid,
+                              dp_tok_src_t tok_src, const dp_upstream_t *up);
 
 /** Close idle pooled connections older than `max_idle_ms` (all with 0). */
 void osr__dp_pools_sweep(osr_dataplane_t *dp, uint64_t max_idle_ms);

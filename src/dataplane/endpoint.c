@@ -34,7 +34,7 @@
 typedef struct ep_s {
   struct ep_s *next;
   char sid[OSR_DP_SID_MAX];
-  char endpoint[256]; /* "" = the cache has none: use the token's */
+  char endpoint[1024]; /* "" = the cache has none: use the token's */
   uint64_t fetched;   /* uv_now of the answer; 0 = never answered */
   int busy;           /* a Redis read is in flight */
 } ep_t;

@@ -389,6 +389,7 @@ struct dp_stream_s {
   int resp_writing;
   int end_pending; /* upstream response complete, last write in flight */
   dp_act_t *act;   /* activity entry of the sandbox (dp_activity.h), may be NULL */
+  dp_upstream_t *up; /* a remote provider's sandbox (upstream.c), NULL = osr-agent */
 };
 
 static void stream_acquire(dp_stream_t *st);
@@ -404,6 +405,9 @@ static void stream_maybe_free(dp_stream_t *st)
   }
   osr__dp_act_close(dp, st->act);
   osr_free(st->target);
+  if (st->up != NULL)
+    memset(st->up, 0, sizeof(*st->up)); /* the provider's token */
+  osr_free(st->up);
   osr_free(st);
   dp->nstreams--;
   if (dp->stopping)
@@ -465,7 +469,9 @@ static int hop_by_hop(osr_iovec_t n)
 static int is_credential(const dp_stream_t *st, osr_iovec_t n)
 {
   return name_is(n, "x-access-token") ||
-         (st->tok_src == DP_TOK_BEARER && name_is(n, "authorization"));
+         (st->tok_src == DP_TOK_BEARER && name_is(n, "authorization")) ||
+         (st->up != NULL && (name_is(n, "e2b-traffic-access-token") ||
+                             name_is(n, "e2b-sandbox-id") || name_is(n, "e2b-sandbox-port")));
 }
 
 /* ---- response: sandbox -> client ------------------------------------------- */
@@ -704,7 +710,7 @@ static int stream_issue(dp_stream_t *st)
 {
   osr_http_req_t *req = st->req;
   size_t n = req->num_headers;
-  osr_http_header_t *h = osr_try_malloc((n + 1) * sizeof(*h));
+  osr_http_header_t *h = osr_try_malloc((n + 4) * sizeof(*h));
   if (h == NULL)
     return OSR_ENOMEM;
   const osr_iovec_t *conn = osr_http_req_header(req, "connection");
@@ -723,10 +729,40 @@ static int stream_issue(dp_stream_t *st)
     h[k].value = osr_iov(st->agent_tok, strlen(st->agent_tok));
     k++;
   }
+  /* A remote provider's sandbox: its Host form and its own credential
+   * (the client's was dropped above with the other credential headers);
+   * envd gets X-Access-Token, other ports the traffic token if one is set,
+   * as E2B's SDK sends them. */
+  char up_auth[320], up_port[8];
+  if (st->up != NULL) {
+    const char *t = st->port == OSR_DP_ENVD_PORT ? st->up->token : st->up->traffic;
+    if (t[0] != '\0') {
+      h[k].name = st->port == OSR_DP_ENVD_PORT ? osr_iov("X-Access-Token", 14)
+                                               : osr_iov("e2b-traffic-access-token", 24);
+      h[k].value = osr_iov(t, strlen(t));
+      k++;
+    }
+    snprintf(up_auth, sizeof(up_auth), "%u-%s", st->port, st->up->host);
+    if (!st->up->by_host) {
+      /* An override address (E2B_SANDBOX_URL's): E2B's proxy routes by
+       * these there, as for the SDK; ours replace the client's, which name
+       * OSR's sandbox id. */
+      size_t dot = strcspn(st->up->host, ".");
+      snprintf(up_port, sizeof(up_port), "%u", st->port);
+      h[k].name = osr_iov("E2b-Sandbox-Id", 14);
+      h[k].value = osr_iov(st->up->host, dot);
+      k++;
+      h[k].name = osr_iov("E2b-Sandbox-Port", 16);
+      h[k].value = osr_iov(up_port, strlen(up_port));
+      k++;
+    }
+  }
   char method[32];
   snprintf(method, sizeof(method), "%.*s", (int)req->method.len, req->method.base);
   char *auth = NULL;
-  if (req->authority.len > 0)
+  if (st->up != NULL)
+    auth = osr_xstrdup(up_auth);
+  else if (req->authority.len > 0)
     auth = osr_xstrndup(req->authority.base, req->authority.len);
   osr_http_client_req_t cr = {
       .method = method,
@@ -816,7 +852,7 @@ static void stream_acquire(dp_stream_t *st)
   st->from_pool = 0;
   st->acquiring = 1;
   int rv;
-  if (st->port == OSR_DP_ENVD_PORT) {
+  if (st->port == OSR_DP_ENVD_PORT || st->up != NULL) {
     osr_http_client_opts_t o;
     memset(&o, 0, sizeof(o));
     o.tls = st->tls ? dp->client_tls : NULL;
@@ -1087,9 +1123,15 @@ static int wants_upgrade(const osr_http_req_t *req)
   return req->version == 11 && !req->expect_body && osr_http_req_header(req, "upgrade") != NULL;
 }
 
-void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
-                     uint16_t port, const char *target, const char *sid, dp_tok_src_t tok_src)
+static void forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
+                    uint16_t port, const char *target, const char *sid, dp_tok_src_t tok_src,
+                    const dp_upstream_t *up)
 {
+  if (up != NULL && wants_upgrade(req)) {
+    /* Upgrades to a remote provider's ports are not relayed yet. */
+    osr__dp_error(req, 501, sid, "upgrades to this sandbox's ports are not supported yet");
+    return;
+  }
   if (port != OSR_DP_ENVD_PORT && wants_upgrade(req)) {
     forward_upgrade(dp, req, addr, tls, port, target, sid, tok_src);
     return;
@@ -1103,8 +1145,12 @@ void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr,
   st->port = port;
   st->tls = tls;
   st->tok_src = tok_src;
-  if (dp->cfg.agent_secret != NULL)
+  if (up != NULL) {
+    st->up = osr_xmalloc(sizeof(*st->up));
+    memcpy(st->up, up, sizeof(*up));
+  } else if (dp->cfg.agent_secret != NULL) {
     agent_token_for(dp, addr, port, tls, sid, st->agent_tok);
+  }
   st->act = osr__dp_act_open(dp, sid);
   st->req_cl = !req->expect_body ? 0 : req->content_length >= 0 ? req->content_length : -1;
   if (st->req_cl == 0)
@@ -1114,4 +1160,17 @@ void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr,
   req->on_body = req_on_body;
   req->on_done = req_on_done;
   stream_acquire(st);
+}
+
+void osr__dp_forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
+                     uint16_t port, const char *target, const char *sid, dp_tok_src_t tok_src)
+{
+  forward(dp, req, addr, tls, port, target, sid, tok_src, NULL);
+}
+
+void osr__dp_forward_upstream(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
+                              uint16_t port, const char *target, const char *sid,
+                              dp_tok_src_t tok_src, const dp_upstream_t *up)
+{
+  forward(dp, req, addr, tls, port, target, sid, tok_src, up);
 }

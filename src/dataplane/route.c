@@ -241,9 +241,12 @@ int osr__dp_endpoint(const char *ep, char *addr, size_t addrlen, int *tls)
     skip = 8;
     *tls = 1;
   }
-  /* host:port up to a trailing path (unix paths are taken whole). */
+  /* host:port up to a trailing path (unix paths are taken whole), never
+   * into a sealed upstream credential (token.h, OSR_UPSTREAM_FRAG). */
+  const char *frag = strstr(ep + skip, OSR_UPSTREAM_FRAG);
+  size_t end = frag != NULL ? (size_t)(frag - ep) : strlen(ep);
   size_t n = 0;
-  while (ep[skip + n] != '\0' && (is_unix || ep[skip + n] != '/'))
+  while (skip + n < end && (is_unix || ep[skip + n] != '/'))
     n++;
   if (n == 0 || n + 5 >= addrlen)
     return OSR_EINVAL;

@@ -74,7 +74,7 @@ typedef struct osr_binding_s {
   char provider_id[128];            /**< the provider's own id, "" until created */
   char region[OSR_NAME_MAX];
   osr_isolation_t isolation;
-  char agent_endpoint[256];
+  char agent_endpoint[1024]; /**< may end in a sealed upstream credential (token.h) */
   osr_binding_state_t state;
   int attempt;                      /**< 1-based create attempt (failover count + 1) */
   int64_t created_ms;               /**< unix ms */

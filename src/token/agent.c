@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "token/token_int.h"
+#include "util/base64.h"
 #include "util/log.h"
 
 int osr_agent_token(const uint8_t secret[OSR_AGENT_SECRET_LEN], const char *sandbox_id,
@@ -141,4 +142,107 @@ int osr_agent_secret_load(const char *path, int create, uint8_t secret[OSR_AGENT
     OSR_LOG_WARN("token", "%s is readable by others (mode %03o); it should be 0600", path,
                  (unsigned)(st.st_mode & 0777));
   return 0;
+}
+
+/* ---- upstream credentials (docs/tokens.md "Upstream credentials") ---------
+ * A sandbox on a remote provider (E2B) is reached with that provider's own
+ * per-sandbox token, which the client must never see. The adapter seals it
+ * into the agent endpoint it reports; the endpoint then travels wherever
+ * endpoints already go (binding row, Redis binding cache, the token's "ep"
+ * claim, which the client can read) and only a holder of the agent secret
+ * can open it. The key is derived from the sandbox's agent token (itself
+ * HMAC(agent_secret, sandbox_id)), so the adapter needs nothing but the
+ * spec->agent_token it is already given, and the data plane derives the same
+ * key from the secret. AES-256-GCM with a random 96-bit nonce (one seal per
+ * create: far below the 2^32 messages per key where random nonces become a
+ * concern) and the sandbox id as additional data, so a sealed credential
+ * cannot be replayed into another sandbox's endpoint. */
+
+#define UP_NONCE 12
+#define UP_TAG   16
+
+static int up_key(const char *agent_tok, uint8_t key[32])
+{
+  static const char label[] = "osr upstream credential v1";
+  unsigned int klen = 0;
+  size_t tl = agent_tok != NULL ? strlen(agent_tok) : 0;
+  if (tl != 64)
+    return OSR_EINVAL;
+  if (HMAC(EVP_sha256(), agent_tok, (int)tl, (const uint8_t *)label, sizeof(label) - 1, key,
+           &klen) == NULL ||
+      klen != 32)
+    return OSR_EINVAL;
+  return 0;
+}
+
+int osr_upstream_seal(const char *agent_tok, const char *sandbox_id, const char *plain,
+                      size_t len, char *out, size_t outlen)
+{
+  if (outlen > 0)
+    out[0] = '\0';
+  if (sandbox_id == NULL || sandbox_id[0] == '\0' || len == 0 || len > OSR_UPSTREAM_PLAIN_MAX)
+    return OSR_EINVAL;
+  uint8_t key[32];
+  uint8_t raw[UP_NONCE + OSR_UPSTREAM_PLAIN_MAX + UP_TAG];
+  if (up_key(agent_tok, key) != 0)
+    return OSR_EINVAL;
+  int rv = OSR_EINVAL, n = 0, fin = 0;
+  EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+  if (ctx == NULL || RAND_bytes(raw, UP_NONCE) != 1)
+    goto out;
+  if (EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, NULL, NULL) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, UP_NONCE, NULL) != 1 ||
+      EVP_EncryptInit_ex(ctx, NULL, NULL, key, raw) != 1 ||
+      EVP_EncryptUpdate(ctx, NULL, &n, (const uint8_t *)sandbox_id, (int)strlen(sandbox_id)) != 1 ||
+      EVP_EncryptUpdate(ctx, raw + UP_NONCE, &n, (const uint8_t *)plain, (int)len) != 1 ||
+      EVP_EncryptFinal_ex(ctx, raw + UP_NONCE + n, &fin) != 1 ||
+      (size_t)(n + fin) != len ||
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, UP_TAG, raw + UP_NONCE + len) != 1)
+    goto out;
+  rv = osr_b64url_encode(raw, UP_NONCE + len + UP_TAG, out, outlen);
+out:
+  EVP_CIPHER_CTX_free(ctx);
+  OPENSSL_cleanse(key, sizeof(key));
+  OPENSSL_cleanse(raw, sizeof(raw));
+  return rv;
+}
+
+int osr_upstream_open(const char *agent_tok, const char *sandbox_id, const char *sealed,
+                      size_t len, char *out, size_t outlen)
+{
+  if (outlen > 0)
+    out[0] = '\0';
+  if (sandbox_id == NULL || sandbox_id[0] == '\0')
+    return OSR_EINVAL;
+  uint8_t key[32];
+  uint8_t raw[UP_NONCE + OSR_UPSTREAM_PLAIN_MAX + UP_TAG];
+  int m = osr_b64url_decode(sealed, len, raw, sizeof(raw));
+  if (m < UP_NONCE + UP_TAG + 1)
+    return OSR_EINVAL;
+  size_t plen = (size_t)m - UP_NONCE - UP_TAG;
+  if (plen + 1 > outlen)
+    return OSR_E2BIG;
+  if (up_key(agent_tok, key) != 0)
+    return OSR_EINVAL;
+  int rv = OSR_EINVAL, n = 0, fin = 0;
+  EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+  if (ctx == NULL)
+    goto out;
+  if (EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, NULL, NULL) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, UP_NONCE, NULL) != 1 ||
+      EVP_DecryptInit_ex(ctx, NULL, NULL, key, raw) != 1 ||
+      EVP_DecryptUpdate(ctx, NULL, &n, (const uint8_t *)sandbox_id, (int)strlen(sandbox_id)) != 1 ||
+      EVP_DecryptUpdate(ctx, (uint8_t *)out, &n, raw + UP_NONCE, (int)plen) != 1 ||
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, UP_TAG, raw + UP_NONCE + plen) != 1 ||
+      EVP_DecryptFinal_ex(ctx, (uint8_t *)out + n, &fin) != 1 || (size_t)(n + fin) != plen) {
+    OPENSSL_cleanse(out, plen < outlen ? plen : outlen);
+    out[0] = '\0';
+    goto out;
+  }
+  out[plen] = '\0';
+  rv = (int)plen;
+out:
+  EVP_CIPHER_CTX_free(ctx);
+  OPENSSL_cleanse(key, sizeof(key));
+  return rv;
 }

@@ -27,12 +27,14 @@
 
 #include "osr/common.h"
 
-#define OSR_TOKEN_MAX     2048 /* longest token accepted */
+/* Longest token accepted: room for an agent endpoint of 1023 bytes, which a
+ * sealed upstream credential (below) can need. */
+#define OSR_TOKEN_MAX     2560
 #define OSR_TOKEN_KID_MAX 32
 /* Longest msgpack payload osr_token_sign produces (every claim at its
- * maximum size needs about 660 bytes); the verifier accepts what fits in
+ * maximum size needs about 1430 bytes); the verifier accepts what fits in
  * OSR_TOKEN_MAX. */
-#define OSR_TOKEN_PAYLOAD_MAX 1024
+#define OSR_TOKEN_PAYLOAD_MAX 1536
 /* Most keys one keyring holds (active + rotated-out keys still verifying). */
 #define OSR_KEYRING_MAX 16
 
@@ -61,7 +63,7 @@ typedef struct osr_token_claims_s {
   char sandbox_id[40];
   char tenant[64];
   char provider[64];
-  char agent_endpoint[256];
+  char agent_endpoint[1024]; /* may carry a sealed upstream credential */
   unsigned scopes;
   uint16_t ports[OSR_TOKEN_PORTS_MAX]; /* allowed ports when !all_ports */
   size_t nports;
@@ -187,4 +189,26 @@ int osr_agent_token(const uint8_t secret[OSR_AGENT_SECRET_LEN], const char *sand
 int osr_agent_secret_load(const char *path, int create, uint8_t secret[OSR_AGENT_SECRET_LEN],
                           char *err, size_t errlen);
 
+/* ---- upstream credentials (docs/tokens.md "Upstream credentials") ---------
+ * A remote provider's per-sandbox credential (E2B's envdAccessToken) rides
+ * sealed inside the agent endpoint ("<url>#osr-up=<sealed>"), which the
+ * client can read in its token's "ep" claim: AES-256-GCM under a key derived
+ * from the sandbox's agent token (osr_agent_token), with the sandbox id as
+ * additional data. The adapter seals with spec->agent_token; the data plane
+ * opens with the token it derives from the agent secret. */
+#define OSR_UPSTREAM_PLAIN_MAX 640 /* longest plaintext sealed */
+#define OSR_UPSTREAM_FRAG      "#osr-up=" /* marks a sealed credential in an endpoint */
+
+/** (Additive.) Seal `len` bytes of `plain` for `sandbox_id` under the key
+ *  derived from `agent_tok` (the 64-hex-char agent token). Writes base64url
+ *  text + NUL into out; returns its length, OSR_E2BIG (out too small:
+ *  4/3 * (len + 28) + 1 bytes suffice) or OSR_EINVAL (no agent token, empty
+ *  id, len 0 or above OSR_UPSTREAM_PLAIN_MAX). */
+int osr_upstream_seal(const char *agent_tok, const char *sandbox_id, const char *plain,
+                      size_t len, char *out, size_t outlen);
+/** (Additive.) Open what osr_upstream_seal wrote (`len` characters): the
+ *  plaintext + NUL into out; returns its length, OSR_E2BIG, or OSR_EINVAL
+ *  (malformed, wrong key or sandbox, tampered: out is then ""). */
+int osr_upstream_open(const char *agent_tok, const char *sandbox_id, const char *sealed,
+                      size_t len, char *out, size_t outlen);
 #endif

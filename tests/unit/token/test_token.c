@@ -137,7 +137,7 @@ static void test_round_trip(void **state)
   assert_int_equal(verify(kr, tok, INT64_MAX - 5, &d), 0);
   assert_int_equal(d.nports, OSR_TOKEN_PORTS_MAX);
   assert_int_equal(d.ports[31], 60031);
-  assert_int_equal(strlen(d.agent_endpoint), 255);
+  assert_int_equal(strlen(d.agent_endpoint), sizeof(d.agent_endpoint) - 1);
   osr_keyring_free(kr);
 }
 

@@ -1,0 +1,1107 @@
+/*
+ * The `e2b` provider: sandboxes on E2B (e2b.dev), which runs each one in a
+ * Firecracker microVM with its own envd. The adapter speaks E2B's REST API
+ * (contract: /work/shared/reference/e2b-contract.md §2) with the OSR HTTP
+ * client; the data plane then talks to E2B's envd directly (no osr-agent
+ * runs there), see docs/adapters.md "The e2b provider".
+ *
+ * Config keys (docs/adapters.md, docs/configuration.md):
+ *   api_url (https://api.e2b.app), api_key ({env: NAME} | {file: PATH},
+ *   resolved by the configuration loader) or api_key_env | api_key_file (the
+ *   key is never logged), domain (e2b.app), sandbox_url (where
+ *   envd traffic goes instead of https://<port>-<id>.<domain>, like the
+ *   SDK's E2B_SANDBOX_URL), templates ({osr template: E2B templateID},
+ *   identity by default), regions ([]), prices, vcpus (2), memory_mib (512),
+ *   expected_create_ms (500), timeout_ms (60000).
+ *
+ * The provider's per-sandbox credential. E2B's create answers with an
+ * envdAccessToken (and maybe a trafficAccessToken) that envd and E2B's port
+ * proxy require. The client must never see it, and the client's OSR token
+ * must never reach E2B. The adapter seals it (token.h, osr_upstream_seal:
+ * AES-256-GCM under a key derived from spec->agent_token, i.e. from the
+ * agent secret gateway and data plane share) into the agent endpoint it
+ * reports: "https://49983-<id>.<domain>#osr-up=<sealed>". The endpoint goes
+ * wherever endpoints already go (binding row, Redis binding cache, the
+ * token's "ep" claim) and the data plane opens it (dataplane/upstream.c).
+ * So this provider needs the agent secret: without spec->agent_token a
+ * create fails `unavailable` (placement moves on) with a log line.
+ *
+ * Labels: metadata osr.dev/sandbox-id and osr.dev/tenant, plus
+ * osr.dev/managed=true so list() can ask E2B for OSR's sandboxes with one
+ * metadata filter (E2B filters on key=value, not on a key's presence).
+ *
+ * Ops: each operation has one uv_timer (its deadline, then the deferred
+ * delivery of its result, so callbacks never run inside the call) and its
+ * own HTTP/1.1 connection, closed when the op ends: creates are rare and
+ * slow (hundreds of ms at E2B), so a pool would buy nothing measurable and
+ * cost reconnection logic. An op is freed when its timer is closed, its
+ * request has ended and no connect is in flight; close() waits for every op.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/http.h"
+#include "net/tls.h"
+#include "osr/adapter.h"
+#include "token/token.h"
+#include "util/buf.h"
+#include "util/log.h"
+#include "util/mem.h"
+
+#define MOD "e2b"
+/* Largest answer accepted from E2B (a page of up to 100 listed sandboxes
+ * with metadata is far below this). */
+#define E2B_MAX_RESPONSE (8u << 20)
+/* list(): pages of 100 (the "&limit=100" below), at most this many. */
+#define E2B_MAX_PAGES 100
+#define E2B_MANAGED   "osr.dev/managed"
+
+typedef struct e2b_s e2b_t;
+typedef struct e2b_op_s e2b_op_t;
+
+enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST, OP_PAUSE, OP_RESUME, OP_CLEANUP };
+
+struct e2b_op_s {
+  e2b_op_t *prev, *next; /* e->ops: every op not yet freed */
+  e2b_t *e;
+  int kind;
+  uv_timer_t timer;
+  int delivered, finishing, timer_closed, connecting, creq_live;
+  int status;
+  osr_http_client_t *http;
+  osr_http_creq_t *creq;
+  int http_status;
+  osr_buf_t resp;
+  char next_token[512]; /* X-Next-Token of the last list page */
+  char method[8];
+  char target[1024];
+  char *body; /* jansson memory (osr_json_free) */
+  int pages;
+  /* create */
+  char sid[OSR_NAME_MAX];
+  char tenant[OSR_NAME_MAX];
+  char region[OSR_NAME_MAX];
+  char agent_tok[65];
+  osr_capabilities_t caps;
+  /* results */
+  char provider_id[128];
+  osr_resource_t res;
+  osr_resource_t *list;
+  size_t nlist, caplist;
+  union {
+    osr_provider_create_cb create;
+    osr_provider_done_cb done;
+    osr_provider_get_cb get;
+    osr_provider_list_cb list;
+  } cb;
+  void *data;
+};
+
+struct e2b_s {
+  osr_provider_t *p;
+  /* configuration */
+  char api_addr[300];   /* host:port to connect to */
+  char api_auth[300];   /* Host header */
+  char api_prefix[256]; /* path prefix of api_url ("" or "/x") */
+  int api_tls;
+  char api_key[256];
+  char domain[256];
+  char sandbox_url[300]; /* "" = https://49983-<id>.<domain> */
+  json_t *templates;     /* object: OSR template -> E2B templateID */
+  char regions[15][OSR_NAME_MAX];
+  size_t nregions;
+  double price_vcpu, price_gib, price_create, expected_ms;
+  uint32_t vcpus, memory_mib;
+  uint64_t timeout_ms;
+  osr_tls_ctx_t *tls;
+  /* ops */
+  e2b_op_t *ops_head, *ops_tail;
+  size_t nops;
+  /* close */
+  int closing, close_done;
+  uv_timer_t close_timer;
+  void (*close_cb)(osr_provider_t *p);
+};
+
+/* ---- configuration ---------------------------------------------------------- */
+
+static int cfg_err(char *err, size_t errlen, const char *key, const char *what)
+{
+  snprintf(err, errlen, "key '%s': %s", key, what);
+  return OSR_EINVAL;
+}
+
+static int num_in(const json_t *v, double lo, double hi, double *out)
+{
+  if (!json_is_number(v))
+    return -1;
+  double d = json_number_value(v);
+  if (!(d >= lo && d <= hi))
+    return -1;
+  *out = d;
+  return 0;
+}
+
+/* "http[s]://host[:port][/prefix]" -> connect address, Host and prefix. */
+static int parse_base(const char *url, int *tls, char *addr, size_t addrlen, char *auth,
+                      size_t authlen, char *prefix, size_t prefixlen)
+{
+  size_t skip;
+  if (strncmp(url, "https://", 8) == 0) {
+    *tls = 1;
+    skip = 8;
+  } else if (strncmp(url, "http://", 7) == 0) {
+    *tls = 0;
+    skip = 7;
+  } else {
+    return -1;
+  }
+  const char *h = url + skip;
+  size_t hn = strcspn(h, "/?#");
+  if (hn == 0 || hn >= authlen || hn + 5 >= addrlen || h[hn] == '?' || h[hn] == '#')
+    return -1;
+  for (size_t i = 0; i < hn; i++)
+    if ((unsigned char)h[i] <= ' ' || h[i] == '@')
+      return -1;
+  memcpy(auth, h, hn);
+  auth[hn] = '\0';
+  const char *colon = h[0] == '[' ? strstr(auth, "]:") : strrchr(auth, ':');
+  if (colon != NULL && h[0] == '[')
+    colon++;
+  snprintf(addr, addrlen, "%s%s", auth, colon != NULL ? "" : (*tls ? ":443" : ":80"));
+  const char *rest = h + hn;
+  size_t rn = strlen(rest);
+  while (rn > 0 && rest[rn - 1] == '/')
+    rn--;
+  if (rn >= prefixlen || memchr(rest, '?', rn) != NULL || memchr(rest, '#', rn) != NULL)
+    return -1;
+  memcpy(prefix, rest, rn);
+  prefix[rn] = '\0';
+  return 0;
+}
+
+/* A host-name label set: what E2B ids and domains consist of. */
+static int name_ok(const char *s, size_t max, int dots)
+{
+  size_t n = strlen(s);
+  if (n == 0 || n >= max)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = s[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          ch == '-' || ch == '_' || (dots && ch == '.') || (dots && ch == ':')))
+      return 0;
+  }
+  return 1;
+}
+
+/* Tokens we forward as header values: printable ASCII, no separators that
+ * would let a provider answer inject a header or a sealed-field line. */
+static int token_ok(const char *s, size_t max)
+{
+  size_t n = strlen(s);
+  if (n >= max)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)s[i] <= ' ' || (unsigned char)s[i] >= 0x7f)
+      return 0;
+  return 1;
+}
+
+/* The API key: from the environment or a file (read here, at configuration
+ * load, before any loop runs; never logged). */
+static int load_key(e2b_t *e, const char *key, const char *v, char *err, size_t errlen)
+{
+  char buf[sizeof(e->api_key) + 2];
+  size_t n = 0;
+  if (strcmp(key, "api_key_env") == 0) {
+    const char *s = getenv(v);
+    if (s == NULL || s[0] == '\0')
+      return cfg_err(err, errlen, key, "names an environment variable that is not set");
+    n = strlen(s);
+    if (n >= sizeof(buf))
+      return cfg_err(err, errlen, key, "the key is too long");
+    memcpy(buf, s, n);
+  } else {
+    FILE *f = fopen(v, "re");
+    if (f == NULL)
+      return cfg_err(err, errlen, key, "cannot read the file");
+    n = fread(buf, 1, sizeof(buf) - 1, f);
+    int more = fgetc(f) != EOF;
+    fclose(f);
+    if (more)
+      return cfg_err(err, errlen, key, "the file is too long for a key");
+  }
+  buf[n] = '\0';
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+    buf[--n] = '\0';
+  if (n == 0 || n >= sizeof(e->api_key) || !token_ok(buf, sizeof(e->api_key))) {
+    memset(buf, 0, sizeof(buf));
+    return cfg_err(err, errlen, key, "not a usable API key (empty, or spaces/control characters)");
+  }
+  memcpy(e->api_key, buf, n + 1);
+  memset(buf, 0, sizeof(buf));
+  return 0;
+}
+
+static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
+{
+  const char *key;
+  json_t *v;
+  const char *api_url = "https://api.e2b.app";
+  int have_key = 0;
+  if (cfg != NULL && !json_is_object(cfg))
+    return cfg_err(err, errlen, "(config)", "must be an object");
+  json_object_foreach((json_t *)cfg, key, v)
+  {
+    double d;
+    if (strcmp(key, "name") == 0 || strcmp(key, "type") == 0) {
+      continue;
+    } else if (strcmp(key, "api_key") == 0) {
+      /* The configuration loader has already resolved {env: NAME} /
+       * {file: PATH} into the key itself (docs/configuration.md). */
+      if (have_key)
+        return cfg_err(err, errlen, key, "give one of api_key, api_key_env and api_key_file");
+      if (!json_is_string(v) || json_string_length(v) == 0 ||
+          json_string_length(v) >= sizeof(e->api_key) ||
+          !token_ok(json_string_value(v), sizeof(e->api_key)))
+        return cfg_err(err, errlen, key,
+                       "must be a reference {env: NAME} or {file: PATH} to a key");
+      snprintf(e->api_key, sizeof(e->api_key), "%s", json_string_value(v));
+      have_key = 1;
+    } else if (strcmp(key, "api_key_env") == 0 || strcmp(key, "api_key_file") == 0) {
+      if (!json_is_string(v) || json_string_length(v) == 0)
+        return cfg_err(err, errlen, key, "must be a non-empty string");
+      if (have_key)
+        return cfg_err(err, errlen, key, "give one of api_key, api_key_env and api_key_file");
+      if (load_key(e, key, json_string_value(v), err, errlen) != 0)
+        return OSR_EINVAL;
+      have_key = 1;
+    } else if (strcmp(key, "api_url") == 0) {
+      if (!json_is_string(v))
+        return cfg_err(err, errlen, key, "must be an http(s) URL");
+      api_url = json_string_value(v);
+    } else if (strcmp(key, "domain") == 0) {
+      if (!json_is_string(v) || !name_ok(json_string_value(v), 200, 1))
+        return cfg_err(err, errlen, key, "must be a DNS domain such as e2b.app");
+      snprintf(e->domain, sizeof(e->domain), "%s", json_string_value(v));
+    } else if (strcmp(key, "sandbox_url") == 0) {
+      char a[300], h[256], pre[256];
+      int tls;
+      if (!json_is_string(v) ||
+          parse_base(json_string_value(v), &tls, a, sizeof(a), h, sizeof(h), pre, sizeof(pre)) !=
+              0 ||
+          pre[0] != '\0')
+        return cfg_err(err, errlen, key, "must be http(s)://HOST[:PORT] without a path");
+      snprintf(e->sandbox_url, sizeof(e->sandbox_url), "%s://%s", tls ? "https" : "http", h);
+    } else if (strcmp(key, "templates") == 0) {
+      const char *tk;
+      json_t *tv;
+      if (!json_is_object(v))
+        return cfg_err(err, errlen, key, "must be a map {osr template: E2B templateID}");
+      json_object_foreach(v, tk, tv)
+      {
+        if (!json_is_string(tv) || json_string_length(tv) == 0 || json_string_length(tv) >= 128)
+          return cfg_err(err, errlen, key, "each value must be an E2B templateID (1..127 chars)");
+      }
+      json_decref(e->templates);
+      e->templates = json_deep_copy(v);
+    } else if (strcmp(key, "regions") == 0) {
+      size_t i;
+      json_t *r;
+      if (!json_is_array(v) || json_array_size(v) > OSR_ARRAY_SIZE(e->regions))
+        return cfg_err(err, errlen, key, "must be a list of at most 15 region names");
+      json_array_foreach(v, i, r)
+      {
+        if (!json_is_string(r) || json_string_length(r) == 0 ||
+            json_string_length(r) >= OSR_NAME_MAX)
+          return cfg_err(err, errlen, key, "must be a list of at most 15 region names");
+        snprintf(e->regions[i], OSR_NAME_MAX, "%s", json_string_value(r));
+      }
+      e->nregions = json_array_size(v);
+    } else if (strcmp(key, "prices") == 0) {
+      const char *pk;
+      json_t *pv;
+      if (!json_is_object(v))
+        return cfg_err(err, errlen, key, "must be {vcpu_per_s, gib_per_s, per_create}");
+      json_object_foreach(v, pk, pv)
+      {
+        double *dst = strcmp(pk, "vcpu_per_s") == 0   ? &e->price_vcpu
+                      : strcmp(pk, "gib_per_s") == 0  ? &e->price_gib
+                      : strcmp(pk, "per_create") == 0 ? &e->price_create
+                                                      : NULL;
+        if (dst == NULL || num_in(pv, 0, 1e6, dst) != 0)
+          return cfg_err(
+              err, errlen, key,
+              "must be {vcpu_per_s, gib_per_s, per_create} with non-negative USD numbers");
+      }
+    } else if (strcmp(key, "vcpus") == 0 || strcmp(key, "memory_mib") == 0) {
+      if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 20)
+        return cfg_err(err, errlen, key, "must be a positive integer");
+      *(key[0] == 'v' ? &e->vcpus : &e->memory_mib) = (uint32_t)json_integer_value(v);
+    } else if (strcmp(key, "expected_create_ms") == 0) {
+      if (num_in(v, 0, 3600e3, &e->expected_ms))
+        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+    } else if (strcmp(key, "timeout_ms") == 0) {
+      if (num_in(v, 1, 3600e3, &d))
+        return cfg_err(err, errlen, key, "must be a number of milliseconds from 1 to 3600000");
+      e->timeout_ms = (uint64_t)d;
+    } else {
+      return cfg_err(err, errlen, key, "unknown key for an e2b provider (see docs/adapters.md)");
+    }
+  }
+  if (!have_key)
+    return cfg_err(err, errlen, "api_key",
+                   "missing: an e2b provider needs api_key ({env: NAME} or {file: PATH}), "
+                   "api_key_env or api_key_file");
+  if (parse_base(api_url, &e->api_tls, e->api_addr, sizeof(e->api_addr), e->api_auth,
+                 sizeof(e->api_auth), e->api_prefix, sizeof(e->api_prefix)) != 0)
+    return cfg_err(err, errlen, "api_url", "must be http(s)://HOST[:PORT][/PATH]");
+  return 0;
+}
+
+static void e2b_free_state(e2b_t *e)
+{
+  json_decref(e->templates);
+  if (e->tls != NULL)
+    osr_tls_ctx_unref(e->tls);
+  memset(e->api_key, 0, sizeof(e->api_key));
+  osr_free(e);
+}
+
+static int e2b_init(osr_provider_t *p, const json_t *config, char *err, size_t errlen)
+{
+  e2b_t *e = osr_xcalloc(1, sizeof(*e));
+  e->p = p;
+  snprintf(e->domain, sizeof(e->domain), "e2b.app");
+  /* E2B's list prices (docs/adapters.md cites them): allocated vCPU and
+   * memory per running second, no per-create fee. */
+  e->price_vcpu = 0.000014;
+  e->price_gib = 0.0000045;
+  e->vcpus = 2;
+  e->memory_mib = 512;
+  e->expected_ms = 500;
+  e->timeout_ms = 60000;
+  int rv = parse_config(e, config, err, errlen);
+  if (rv == 0 && e->api_tls) {
+    /* The system trust store (SSL_CERT_FILE honoured), read once here at
+     * configuration load, before the loop runs. */
+    static const char *const alpn[] = {"http/1.1"};
+    osr_tls_client_opts_t co = {NULL, 0, alpn, 1, NULL, NULL};
+    if (osr_tls_ctx_new_client(&co, &e->tls) != 0) {
+      e->tls = NULL;
+      rv = cfg_err(err, errlen, "api_url", "no TLS client context (system CA store)");
+    }
+  }
+  if (rv != 0) {
+    e2b_free_state(e);
+    return rv;
+  }
+  p->impl = e;
+  return 0;
+}
+
+static void e2b_describe(osr_provider_t *p, osr_provider_info_t *info)
+{
+  e2b_t *e = p->impl;
+  memset(info, 0, sizeof(*info));
+  /* Every E2B sandbox is a Firecracker microVM. */
+  info->isolation_mask = 1u << OSR_ISO_FIRECRACKER;
+  info->gpu_max = 0;
+  info->snapshot = 0; /* E2B's snapshots are not OSR's tar snapshots */
+  info->pause = 1;
+  info->max_ports = OSR_MAX_PORTS;
+  /* The template fixes the size: no request can get more than it has. */
+  info->max_memory_mib = e->memory_mib;
+  info->max_vcpus = e->vcpus;
+  info->default_memory_mib = e->memory_mib;
+  info->default_vcpus = e->vcpus;
+  for (size_t i = 0; i < e->nregions; i++)
+    info->regions[i] = e->regions[i];
+  info->price_vcpu_per_s = e->price_vcpu;
+  info->price_gib_per_s = e->price_gib;
+  info->price_per_create = e->price_create;
+  info->expected_create_ms = e->expected_ms;
+}
+
+/* ---- ops -------------------------------------------------------------------- */
+
+static void try_finish_close(e2b_t *e);
+static void op_send(e2b_op_t *op);
+
+static void op_free(e2b_op_t *op)
+{
+  e2b_t *e = op->e;
+  if (op->prev != NULL)
+    op->prev->next = op->next;
+  else
+    e->ops_head = op->next;
+  if (op->next != NULL)
+    op->next->prev = op->prev;
+  else
+    e->ops_tail = op->prev;
+  e->nops--;
+  if (op->body != NULL)
+    osr_json_free(op->body);
+  osr_buf_dispose(&op->resp);
+  osr_free(op->list);
+  memset(op->agent_tok, 0, sizeof(op->agent_tok));
+  memset(&op->res, 0, sizeof(op->res)); /* the sealed endpoint */
+  osr_free(op);
+  if (e->closing)
+    try_finish_close(e);
+}
+
+static void maybe_free(e2b_op_t *op)
+{
+  if (op->timer_closed && !op->creq_live && !op->connecting && op->http == NULL)
+    op_free(op);
+}
+
+static void on_timer_closed(uv_handle_t *h)
+{
+  e2b_op_t *op = h->data;
+  op->timer_closed = 1;
+  maybe_free(op);
+}
+
+static void deliver(e2b_op_t *op)
+{
+  osr_provider_t *p = op->e->p;
+  op->delivered = 1;
+  int ok = op->status == 0;
+  switch (op->kind) {
+  case OP_CREATE:
+  case OP_RESUME:
+    op->cb.create(p, op->status, ok ? &op->res : NULL, op->data);
+    break;
+  case OP_GET:
+    op->cb.get(p, op->status, ok ? &op->res : NULL, op->data);
+    break;
+  case OP_DESTROY:
+  case OP_PAUSE:
+    op->cb.done(p, op->status, op->data);
+    break;
+  case OP_LIST:
+    op->cb.list(p, op->status, ok ? op->list : NULL, ok ? op->nlist : 0, op->data);
+    break;
+  default: /* OP_CLEANUP: internal, nobody waits */
+    break;
+  }
+  uv_close((uv_handle_t *)&op->timer, on_timer_closed);
+}
+
+static void on_deliver_timer(uv_timer_t *t)
+{
+  deliver(t->data);
+}
+
+static void drop_http(e2b_op_t *op)
+{
+  if (op->http != NULL) {
+    /* Outstanding requests end with OSR_ECANCELED in on_body. */
+    osr_http_client_t *c = op->http;
+    op->http = NULL;
+    osr_http_client_close(c);
+  }
+}
+
+/* Set the result (first one wins) and deliver it on a later loop turn. */
+static void op_finish(e2b_op_t *op, int status)
+{
+  if (op->finishing || op->delivered)
+    return;
+  op->finishing = 1;
+  op->status = status;
+  if (op->creq_live && op->creq != NULL)
+    osr_http_creq_cancel(op->creq);
+  drop_http(op);
+  uv_timer_stop(&op->timer);
+  uv_timer_start(&op->timer, on_deliver_timer, 0, 0);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+  e2b_op_t *op = t->data;
+  OSR_LOG_DEBUG(MOD, "%s: %s %s: no answer in %llu ms", op->e->p->name, op->method, op->target,
+                (unsigned long long)op->e->timeout_ms);
+  op_finish(op, OSR_PERR_TIMEOUT);
+}
+
+static e2b_op_t *op_new(e2b_t *e, int kind, void *data)
+{
+  e2b_op_t *op = osr_xcalloc(1, sizeof(*op));
+  op->e = e;
+  op->kind = kind;
+  op->data = data;
+  uv_timer_init(e->p->loop, &op->timer);
+  op->timer.data = op;
+  osr_buf_init(&op->resp, E2B_MAX_RESPONSE);
+  op->prev = e->ops_tail;
+  if (e->ops_tail != NULL)
+    e->ops_tail->next = op;
+  else
+    e->ops_head = op;
+  e->ops_tail = op;
+  e->nops++;
+  /* The whole operation (every page of a list) has one deadline. */
+  uv_timer_start(&op->timer, on_deadline, e->timeout_ms, 0);
+  return op;
+}
+
+/* target = api prefix + head + id + tail (ids are checked by name_ok). */
+static void set_target(e2b_op_t *op, const char *method, const char *head, const char *id,
+                       const char *tail)
+{
+  snprintf(op->method, sizeof(op->method), "%s", method);
+  snprintf(op->target, sizeof(op->target), "%s%s%s%s", op->e->api_prefix, head,
+           id != NULL ? id : "", tail);
+}
+
+/* ---- answers ------------------------------------------------------------------ */
+
+/* E2B's statuses -> OSR's provider error classes (docs/adapters.md). */
+static int map_status(int st)
+{
+  switch (st) {
+  case 400:
+  case 422:
+    return OSR_PERR_INVALID;
+  case 401:
+  case 403:
+    return OSR_PERR_AUTH;
+  case 404:
+    return OSR_PERR_NOT_FOUND;
+  case 408:
+  case 504:
+    return OSR_PERR_TIMEOUT;
+  case 429:
+    return OSR_PERR_RATE_LIMITED;
+  case 507:
+    return OSR_PERR_CAPACITY;
+  default:
+    return OSR_PERR_UNAVAILABLE;
+  }
+}
+
+static const char *jstr(const json_t *o, const char *k)
+{
+  const json_t *v = json_object_get(o, k);
+  return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static void start_cleanup(e2b_t *e, const char *provider_id);
+
+/* Create / resume answer: a `Sandbox` object. For create, build and seal
+ * the endpoint; for resume, report no endpoint (the binding keeps the one
+ * sealed at create: E2B keeps a sandbox's envd token across pause). */
+static int take_sandbox(e2b_op_t *op, const json_t *j)
+{
+  e2b_t *e = op->e;
+  const char *id = jstr(j, "sandboxID");
+  if (id == NULL || !name_ok(id, 100, 0))
+    return OSR_PERR_UNAVAILABLE; /* E2B answered nonsense */
+  osr_resource_t *r = &op->res;
+  memset(r, 0, sizeof(*r));
+  snprintf(r->provider_id, sizeof(r->provider_id), "%s", id);
+  snprintf(op->provider_id, sizeof(op->provider_id), "%s", id);
+  r->isolation = OSR_ISO_FIRECRACKER;
+  r->state = OSR_RES_RUNNING;
+  if (op->kind == OP_RESUME)
+    return 0;
+  snprintf(r->sandbox_id, sizeof(r->sandbox_id), "%s", op->sid);
+  snprintf(r->region, sizeof(r->region), "%s", op->region);
+  r->granted = op->caps;
+  r->granted.vcpus = e->vcpus;
+  r->granted.min_memory_mib = e->memory_mib;
+  r->granted.isolation = OSR_ISO_FIRECRACKER;
+  r->granted.gpu_count = 0;
+  r->granted.gpu_type[0] = '\0';
+  r->granted.snapshot = 0;
+  snprintf(r->granted.region, sizeof(r->granted.region), "%s", op->region);
+
+  const char *dom = jstr(j, "domain");
+  const char *envd = jstr(j, "envdAccessToken");
+  const char *traffic = jstr(j, "trafficAccessToken");
+  if (dom == NULL || dom[0] == '\0')
+    dom = e->domain;
+  if (!name_ok(dom, 200, 1) || (envd != NULL && !token_ok(envd, 400)) ||
+      (traffic != NULL && !token_ok(traffic, 200))) {
+    OSR_LOG_WARN(MOD, "%s: sandbox %s: unusable domain or access token in E2B's answer", e->p->name,
+                 id);
+    return OSR_PERR_BOOT_FAILED;
+  }
+  char host[300];
+  snprintf(host, sizeof(host), "%s.%s", id, dom);
+  host[strcspn(host, ":")] = '\0'; /* a domain "host:port" names the host */
+  char plain[OSR_UPSTREAM_PLAIN_MAX + 1];
+  int pn = snprintf(plain, sizeof(plain), "v1\n%s\n%s\n%s", host, envd != NULL ? envd : "",
+                    traffic != NULL ? traffic : "");
+  int base_n = e->sandbox_url[0] != '\0' ? snprintf(r->agent_endpoint, sizeof(r->agent_endpoint),
+                                                    "%s%s", e->sandbox_url, OSR_UPSTREAM_FRAG)
+                                         : snprintf(r->agent_endpoint, sizeof(r->agent_endpoint),
+                                                    "https://49983-%s%s", host, OSR_UPSTREAM_FRAG);
+  int sn = -1;
+  if (pn > 0 && (size_t)pn < sizeof(plain) && base_n > 0 &&
+      (size_t)base_n < sizeof(r->agent_endpoint))
+    sn = osr_upstream_seal(op->agent_tok, op->sid, plain, (size_t)pn, r->agent_endpoint + base_n,
+                           sizeof(r->agent_endpoint) - (size_t)base_n);
+  memset(plain, 0, sizeof(plain));
+  if (sn < 0) {
+    OSR_LOG_WARN(MOD, "%s: sandbox %s: its access token does not fit a sealed endpoint", e->p->name,
+                 id);
+    memset(r->agent_endpoint, 0, sizeof(r->agent_endpoint));
+    return OSR_PERR_BOOT_FAILED;
+  }
+  return 0;
+}
+
+/* A `ListedSandbox` / `SandboxDetail` as a resource (no endpoint: only
+ * create can seal one, see the file comment). 1 if it carries our label. */
+static int take_listed(const json_t *j, osr_resource_t *r)
+{
+  memset(r, 0, sizeof(*r));
+  const char *id = jstr(j, "sandboxID");
+  const json_t *md = json_object_get(j, "metadata");
+  const char *sid = jstr(md, OSR_LABEL_SANDBOX_ID);
+  const char *state = jstr(j, "state");
+  if (id == NULL || !name_ok(id, sizeof(r->provider_id), 0))
+    return -1;
+  snprintf(r->provider_id, sizeof(r->provider_id), "%s", id);
+  if (sid != NULL)
+    snprintf(r->sandbox_id, sizeof(r->sandbox_id), "%s", sid);
+  r->isolation = OSR_ISO_FIRECRACKER;
+  r->state = state != NULL && strcmp(state, "paused") == 0 ? OSR_RES_PAUSED : OSR_RES_RUNNING;
+  const json_t *cpu = json_object_get(j, "cpuCount"), *mem = json_object_get(j, "memoryMB");
+  if (json_is_integer(cpu) && json_integer_value(cpu) > 0)
+    r->granted.vcpus = (uint32_t)json_integer_value(cpu);
+  if (json_is_integer(mem) && json_integer_value(mem) > 0)
+    r->granted.min_memory_mib = (uint32_t)json_integer_value(mem);
+  r->granted.isolation = OSR_ISO_FIRECRACKER;
+  return sid != NULL && sid[0] != '\0';
+}
+
+static int list_page(e2b_op_t *op, const json_t *j)
+{
+  if (!json_is_array(j))
+    return OSR_PERR_UNAVAILABLE;
+  size_t i;
+  json_t *it;
+  json_array_foreach(j, i, it)
+  {
+    osr_resource_t r;
+    int mine = take_listed(it, &r);
+    if (mine < 0)
+      return OSR_PERR_UNAVAILABLE;
+    if (!mine)
+      continue;
+    if (op->nlist == op->caplist) {
+      size_t cap = op->caplist ? op->caplist * 2 : 16;
+      osr_resource_t *n = osr_try_realloc(op->list, cap * sizeof(*n));
+      if (n == NULL)
+        return OSR_ENOMEM;
+      op->list = n;
+      op->caplist = cap;
+    }
+    op->list[op->nlist++] = r;
+  }
+  return 0;
+}
+
+/* One HTTP exchange is over: decide the op's outcome or its next request. */
+static void http_done(e2b_op_t *op)
+{
+  e2b_t *e = op->e;
+  int st = op->http_status;
+  const char *body = osr_buf_data(&op->resp);
+  json_t *j = body != NULL && op->resp.len > 0 ? json_loadb(body, op->resp.len, 0, NULL) : NULL;
+  int status = 0;
+  if (st < 200 || st > 299) {
+    status = map_status(st);
+    /* pause of a paused sandbox: E2B says 409, OSR says done. */
+    if (op->kind == OP_PAUSE && st == 409)
+      status = 0;
+    const char *msg = j != NULL ? jstr(j, "message") : NULL;
+    OSR_LOG_DEBUG(MOD, "%s: %s %s: HTTP %d %s", e->p->name, op->method, op->target, st,
+                  msg != NULL ? msg : "");
+    if (op->kind == OP_CREATE && status != 0)
+      OSR_LOG_INFO(MOD, "%s: create refused: HTTP %d (%s)", e->p->name, st,
+                   osr_provider_err_name(status));
+  } else if (op->kind == OP_CREATE || op->kind == OP_RESUME) {
+    status = j != NULL ? take_sandbox(op, j) : OSR_PERR_UNAVAILABLE;
+    if (status != 0 && op->kind == OP_CREATE && op->provider_id[0] != '\0')
+      start_cleanup(e, op->provider_id); /* accepted, but unusable: do not leak it */
+  } else if (op->kind == OP_GET) {
+    status = j != NULL && take_listed(j, &op->res) >= 0 ? 0 : OSR_PERR_UNAVAILABLE;
+  } else if (op->kind == OP_LIST) {
+    status = list_page(op, j);
+    if (status == 0 && op->next_token[0] != '\0') {
+      json_decref(j);
+      if (++op->pages >= E2B_MAX_PAGES) {
+        op_finish(op, OSR_E2BIG);
+        return;
+      }
+      op_send(op); /* the next page, on the same connection */
+      return;
+    }
+  }
+  json_decref(j);
+  op_finish(op, status);
+}
+
+static void on_response(osr_http_creq_t *r, int status, const osr_http_header_t *h, size_t nh,
+                        void *data)
+{
+  e2b_op_t *op = data;
+  (void)r;
+  op->http_status = status;
+  op->next_token[0] = '\0';
+  for (size_t i = 0; i < nh; i++) {
+    if (h[i].name.len == 12 && memcmp(h[i].name.base, "x-next-token", 12) == 0 &&
+        h[i].value.len < sizeof(op->next_token)) {
+      memcpy(op->next_token, h[i].value.base, h[i].value.len);
+      op->next_token[h[i].value.len] = '\0';
+    }
+  }
+}
+
+static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
+{
+  e2b_op_t *op = data;
+  if (status == 0) {
+    if (osr_buf_append(&op->resp, chunk->base, chunk->len) != 0)
+      osr_http_creq_cancel(r); /* the final on_body follows with OSR_ECANCELED */
+    return;
+  }
+  /* The final callback: the request is freed after it returns. */
+  op->creq = NULL;
+  op->creq_live = 0;
+  if (op->finishing) {
+    maybe_free(op);
+    return;
+  }
+  if (status == OSR_EOF)
+    http_done(op);
+  else
+    op_finish(op, op->e->closing            ? OSR_ECANCELED
+                  : status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT
+                                            : OSR_PERR_UNAVAILABLE);
+  maybe_free(op);
+}
+
+static const osr_http_client_events_t http_events = {
+    .on_response = on_response,
+    .on_body = on_body,
+};
+
+static void on_written(osr_http_creq_t *r, int status, void *arg)
+{
+  /* Nothing to do: the body lives in the op until the request ends. */
+  (void)r;
+  (void)status;
+  (void)arg;
+}
+
+static void on_connect(osr_http_client_t *c, int status, void *data);
+
+/* Send the op's request (op->method/target/body, plus nextToken for the
+ * next list page), connecting first if needed. */
+static void op_send(e2b_op_t *op)
+{
+  e2b_t *e = op->e;
+  if (e->closing) {
+    op_finish(op, OSR_ECANCELED);
+    return;
+  }
+  if (op->http == NULL) {
+    osr_http_client_opts_t o;
+    memset(&o, 0, sizeof(o));
+    o.tls = e->api_tls ? e->tls : NULL;
+    o.connect_timeout_ms = e->timeout_ms;
+    o.idle_timeout_ms = e->timeout_ms;
+    o.limits.max_body = E2B_MAX_RESPONSE;
+    int rv = osr_http_client_connect(e->p->loop, e->api_addr, &o, on_connect, op);
+    if (rv != 0) {
+      op_finish(op, OSR_PERR_UNAVAILABLE);
+      return;
+    }
+    op->connecting = 1;
+    return;
+  }
+  char target[sizeof(op->target) + 600];
+  if (op->kind == OP_LIST && op->next_token[0] != '\0') {
+    /* X-Next-Token is opaque: percent-encode all but unreserved chars. */
+    size_t n = (size_t)snprintf(target, sizeof(target), "%s&nextToken=", op->target);
+    for (const char *s = op->next_token; *s != '\0' && n + 4 < sizeof(target); s++) {
+      unsigned char ch = (unsigned char)*s;
+      if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          ch == '-' || ch == '_' || ch == '.' || ch == '~')
+        target[n++] = (char)ch;
+      else
+        n += (size_t)snprintf(target + n, sizeof(target) - n, "%%%02X", ch);
+    }
+    target[n] = '\0';
+  } else {
+    snprintf(target, sizeof(target), "%s", op->target);
+  }
+  osr_buf_consume(&op->resp, op->resp.len);
+  size_t blen = op->body != NULL ? strlen(op->body) : 0;
+  osr_http_header_t hdr[3] = {
+      {OSR_IOV_LIT("x-api-key"), osr_iov(e->api_key, strlen(e->api_key))},
+      {OSR_IOV_LIT("user-agent"), OSR_IOV_LIT("osr-e2b-adapter")},
+      {OSR_IOV_LIT("content-type"), OSR_IOV_LIT("application/json")},
+  };
+  osr_http_client_req_t req = {
+      .method = op->method,
+      .target = target,
+      .authority = e->api_auth,
+      .headers = hdr,
+      .nheaders = blen > 0 ? 3 : 2,
+      .content_length = (int64_t)blen,
+  };
+  int rv = osr_http_client_request(op->http, &req, &http_events, op, &op->creq);
+  if (rv != 0) {
+    op_finish(op, OSR_PERR_UNAVAILABLE);
+    return;
+  }
+  op->creq_live = 1;
+  if (blen > 0) {
+    osr_iovec_t iov = osr_iov(op->body, blen);
+    if (osr_http_creq_write(op->creq, &iov, 1, 1, on_written, op) != 0)
+      osr_http_creq_cancel(op->creq); /* its final on_body reports the failure */
+  }
+}
+
+static void on_connect(osr_http_client_t *c, int status, void *data)
+{
+  e2b_op_t *op = data;
+  op->connecting = 0;
+  if (op->finishing || op->e->closing) {
+    if (c != NULL)
+      osr_http_client_close(c);
+    op_finish(op, OSR_ECANCELED); /* no-op when a result was already set */
+    maybe_free(op);
+    return;
+  }
+  if (status != 0) {
+    OSR_LOG_DEBUG(MOD, "%s: connect %s: %s", op->e->p->name, op->e->api_addr, osr_strerror(status));
+    /* Refused, reset, unresolvable or timed out: the provider is down. */
+    op_finish(op, status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT : OSR_PERR_UNAVAILABLE);
+    maybe_free(op);
+    return;
+  }
+  op->http = c;
+  op_send(op);
+}
+
+/* ---- operations ------------------------------------------------------------------ */
+
+/* Ids go into a URL path: accept only what an E2B id can contain. */
+static int start_simple(osr_provider_t *p, int kind, const char *provider_id, void *cb, void *data)
+{
+  e2b_t *e = p->impl;
+  if (e == NULL || e->closing)
+    return OSR_ECLOSED;
+  if ((cb == NULL && kind != OP_CLEANUP) || (kind != OP_LIST && provider_id == NULL))
+    return OSR_EINVAL;
+  e2b_op_t *op = op_new(e, kind, data);
+  switch (kind) {
+  case OP_DESTROY:
+  case OP_PAUSE:
+    op->cb.done = (osr_provider_done_cb)cb;
+    break;
+  case OP_GET:
+    op->cb.get = (osr_provider_get_cb)cb;
+    break;
+  case OP_RESUME:
+    op->cb.create = (osr_provider_create_cb)cb;
+    break;
+  case OP_LIST:
+    op->cb.list = (osr_provider_list_cb)cb;
+    break;
+  default:
+    break;
+  }
+  if (kind != OP_LIST && !name_ok(provider_id, 100, 0)) {
+    op_finish(op, OSR_PERR_NOT_FOUND); /* no such id can exist */
+    return 0;
+  }
+  switch (kind) {
+  case OP_DESTROY:
+  case OP_CLEANUP:
+    set_target(op, "DELETE", "/sandboxes/", provider_id, "");
+    break;
+  case OP_GET:
+    set_target(op, "GET", "/sandboxes/", provider_id, "");
+    break;
+  case OP_PAUSE:
+    set_target(op, "POST", "/sandboxes/", provider_id, "/pause");
+    op->body = json_dumps(json_object(), JSON_COMPACT); /* NULL: sent without a body */
+    break;
+  case OP_RESUME:
+    set_target(op, "POST", "/sandboxes/", provider_id, "/connect");
+    /* connect resumes a paused sandbox; E2B requires a timeout here. */
+    {
+      json_t *jb = json_pack("{s:i}", "timeout", 300);
+      op->body = jb != NULL ? json_dumps(jb, JSON_COMPACT) : NULL;
+      json_decref(jb);
+    }
+    break;
+  default:
+    /* The metadata filter is "k=v" URL-encoded as a query value. */
+    set_target(op, "GET", "/v2/sandboxes?metadata=osr.dev%2Fmanaged%3Dtrue&state=running%2Cpaused",
+               NULL, "&limit=100");
+    break;
+  }
+  op_send(op);
+  return 0;
+}
+
+static void start_cleanup(e2b_t *e, const char *provider_id)
+{
+  OSR_LOG_WARN(MOD, "%s: destroying sandbox %s (created, but not usable)", e->p->name, provider_id);
+  (void)start_simple(e->p, OP_CLEANUP, provider_id, NULL, NULL);
+}
+
+static int e2b_create(osr_provider_t *p, const osr_sandbox_spec_t *spec, osr_provider_create_cb cb,
+                      void *data)
+{
+  e2b_t *e = p->impl;
+  if (e == NULL || e->closing)
+    return OSR_ECLOSED;
+  if (spec == NULL || cb == NULL || spec->sandbox_id == NULL || spec->sandbox_id[0] == '\0' ||
+      strlen(spec->sandbox_id) >= OSR_NAME_MAX ||
+      (spec->tenant != NULL && strlen(spec->tenant) >= OSR_NAME_MAX))
+    return OSR_EINVAL;
+  e2b_op_t *op = op_new(e, OP_CREATE, data);
+  op->cb.create = cb;
+  snprintf(op->sid, sizeof(op->sid), "%s", spec->sandbox_id);
+  snprintf(op->tenant, sizeof(op->tenant), "%s", spec->tenant != NULL ? spec->tenant : "");
+  snprintf(op->region, sizeof(op->region), "%s", spec->region != NULL ? spec->region : "");
+  op->caps = spec->caps;
+  set_target(op, "POST", "/v2/sandboxes", NULL, "");
+
+  /* Only a holder of the agent secret can seal E2B's token for the data
+   * plane; without it this provider cannot serve, and another may. */
+  if (spec->agent_token == NULL || strlen(spec->agent_token) != 64) {
+    OSR_LOG_ERROR(MOD,
+                  "%s: no agent secret configured: cannot carry E2B's access token to "
+                  "the data plane (docs/adapters.md)",
+                  p->name);
+    op_finish(op, OSR_PERR_UNAVAILABLE);
+    return 0;
+  }
+  memcpy(op->agent_tok, spec->agent_token, 65);
+  if (spec->isolation != OSR_ISO_FIRECRACKER || spec->caps.gpu_count > 0 || spec->caps.snapshot ||
+      spec->caps.vcpus > e->vcpus || spec->caps.min_memory_mib > e->memory_mib) {
+    op_finish(op, OSR_PERR_INVALID); /* placement checked the manifest: never downgrade */
+    return 0;
+  }
+
+  const char *tpl = spec->template_id != NULL && spec->template_id[0] ? spec->template_id : "base";
+  const char *mapped = jstr(e->templates, tpl);
+  json_t *meta = json_object();
+  const char *k;
+  json_t *v;
+  if (json_is_object(spec->metadata))
+    json_object_foreach((json_t *)spec->metadata, k, v)
+    {
+      if (json_is_string(v) && strncmp(k, "osr.", 4) != 0) /* OSR's own namespace */
+        json_object_set(meta, k, v);
+    }
+  json_object_set_new(meta, OSR_LABEL_SANDBOX_ID, json_string(spec->sandbox_id));
+  json_object_set_new(meta, OSR_LABEL_TENANT, json_string(op->tenant));
+  json_object_set_new(meta, E2B_MANAGED, json_string("true"));
+  json_t *b = json_pack("{s:s,s:I,s:o,s:b,s:b}", "templateID", mapped != NULL ? mapped : tpl,
+                        "timeout", (json_int_t)(spec->timeout_s > 0 ? spec->timeout_s : 300),
+                        "metadata", meta, "secure", 1, "allow_internet_access", 1);
+  if (b != NULL && json_is_object(spec->env) && json_object_size(spec->env) > 0)
+    json_object_set_new(b, "envVars", json_deep_copy(spec->env));
+  op->body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
+  json_decref(b);
+  if (op->body == NULL) {
+    op_finish(op, OSR_ENOMEM);
+    return 0;
+  }
+  op_send(op);
+  return 0;
+}
+
+static int e2b_destroy(osr_provider_t *p, const char *id, osr_provider_done_cb cb, void *data)
+{
+  return start_simple(p, OP_DESTROY, id, (void *)cb, data);
+}
+
+static int e2b_get(osr_provider_t *p, const char *id, osr_provider_get_cb cb, void *data)
+{
+  return start_simple(p, OP_GET, id, (void *)cb, data);
+}
+
+static int e2b_list(osr_provider_t *p, osr_provider_list_cb cb, void *data)
+{
+  return start_simple(p, OP_LIST, NULL, (void *)cb, data);
+}
+
+static int e2b_pause(osr_provider_t *p, const char *id, osr_provider_done_cb cb, void *data)
+{
+  return start_simple(p, OP_PAUSE, id, (void *)cb, data);
+}
+
+static int e2b_resume(osr_provider_t *p, const char *id, osr_provider_create_cb cb, void *data)
+{
+  return start_simple(p, OP_RESUME, id, (void *)cb, data);
+}
+
+/* ---- close -------------------------------------------------------------------------- */
+
+static void on_close_timer_closed(uv_handle_t *h)
+{
+  e2b_t *e = h->data;
+  osr_provider_t *p = e->p;
+  void (*cb)(osr_provider_t *) = e->close_cb;
+  e2b_free_state(e);
+  p->impl = NULL;
+  if (cb != NULL)
+    cb(p);
+}
+
+static void try_finish_close(e2b_t *e)
+{
+  if (e->close_done || e->nops > 0)
+    return;
+  e->close_done = 1;
+  /* A handle's close completes on a later loop turn: the close callback
+   * never runs inside e2b_close(). */
+  uv_close((uv_handle_t *)&e->close_timer, on_close_timer_closed);
+}
+
+static void e2b_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
+{
+  e2b_t *e = p->impl;
+  if (e == NULL || e->closing)
+    return;
+  e->closing = 1;
+  e->close_cb = cb;
+  uv_timer_init(p->loop, &e->close_timer);
+  e->close_timer.data = e;
+  /* op_finish never unlinks (only freeing does, from a close callback
+   * later), so walking the list is safe. */
+  for (e2b_op_t *op = e->ops_head; op != NULL; op = op->next)
+    op_finish(op, OSR_ECANCELED);
+  try_finish_close(e);
+}
+
+const osr_adapter_t osr_adapter_e2b = {
+    .version = OSR_ADAPTER_VERSION,
+    .type = "e2b",
+    .init = e2b_init,
+    .describe = e2b_describe,
+    .create = e2b_create,
+    .destroy = e2b_destroy,
+    .get = e2b_get,
+    .list = e2b_list,
+    .pause = e2b_pause,
+    .resume = e2b_resume,
+    .close = e2b_close,
+};
