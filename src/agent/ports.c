@@ -8,6 +8,17 @@
  * The upstream is connected first, so a closed port answers 502 instead of
  * a 101 followed by a dead stream. Then net/splice.c relays the bytes both
  * ways (zero-copy, backpressure, half-close).
+ *
+ * Descriptor passing (docs/agent.md, "Descriptor passing"): a client on a
+ * unix socket that sends `osr-fd: 1` (the data plane on the same host) is
+ * offered the connected socket itself. The 101 then carries `osr-fd: 1` and
+ * is followed by one tag byte: 'F' with the socket attached (SCM_RIGHTS;
+ * the agent closes its copy and the connection, and is out of the data
+ * path), or 'T' without one when the kernel refused to pass it (gVisor:
+ * the socket lives in gVisor's netstack and the unix socket is a host
+ * one), after which the connection is the usual byte tunnel. Deciding by
+ * trying the sendmsg() means no configuration can get it wrong; OSR_FDPASS=0
+ * in the agent's environment turns the offer off (tests of the tunnel).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +27,7 @@
 
 #include "agent/agent.h"
 #include "net/connect.h"
+#include "net/fdpass.h"
 #include "net/splice.h"
 #include "util/log.h"
 #include "util/mem.h"
@@ -23,7 +35,18 @@
 typedef struct fwd_s {
   osr_http_req_t *req;   /* NULL once the exchange is over */
   osr_connect_t *conn;   /* the upstream connect in flight */
+  int want_fd;           /* offer the socket itself (osr-fd: 1) */
 } fwd_t;
+
+static int fdpass_enabled(void)
+{
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("OSR_FDPASS");
+    on = !(e != NULL && strcmp(e, "0") == 0);
+  }
+  return on;
+}
 
 static void noop_read(osr_sock_t *s, int status)
 {
@@ -40,6 +63,37 @@ static void on_splice_closed(osr_splice_t *sp, void *data)
 {
   (void)sp;
   (void)data;
+}
+
+/* The 101 with osr-fd: 1 is written and the client socket is ours: pass the
+ * upstream socket ('F'), or fall back to the tunnel ('T'). */
+static void on_fd_upgraded(osr_sock_t *client, int status, void *arg)
+{
+  osr_sock_t *up = arg;
+  if (status != 0 || client == NULL) {
+    osr_sock_close(up);
+    return;
+  }
+  int rv = osr_fdpass_send(client, osr_fdpass_fileno(up), 'F');
+  if (rv == 0) {
+    /* The data plane holds its own reference now: closing ours does not
+     * end the connection (no shutdown(), only close()). */
+    osr_sock_close(up);
+    osr_sock_set_events(client, &noop_events, NULL);
+    osr_sock_close(client);
+    return;
+  }
+  OSR_LOG_DEBUG("agent", "cannot pass the port's socket (%s): tunnelling", osr_strerror(rv));
+  static const char tag = 'T';
+  osr_iovec_t iov = osr_iov(&tag, 1);
+  osr_splice_t *sp = osr_splice_new(up, on_splice_closed, NULL);
+  if (osr_sock_write(client, &iov, 1, NULL, NULL) != 0) {
+    osr_splice_attach(NULL, OSR_ECANCELED, sp);
+    osr_sock_set_events(client, &noop_events, NULL);
+    osr_sock_close(client);
+    return;
+  }
+  osr_splice_attach(client, 0, sp);
 }
 
 static void fwd_req_done(osr_http_req_t *req, int status)
@@ -75,6 +129,22 @@ static void on_connected(osr_sock_t *s, int status, void *data)
     return;
   }
   osr_sock_set_nodelay(s, 1);
+  if (f->want_fd) {
+    osr_sock_set_events(s, &noop_events, NULL); /* not read until decided */
+    osr_http_header_t h[3] = {
+        {OSR_IOV_LIT("upgrade"), OSR_IOV_LIT("osr-tcp")},
+        {OSR_IOV_LIT("connection"), OSR_IOV_LIT("Upgrade")},
+        {OSR_IOV_LIT("osr-fd"), OSR_IOV_LIT("1")},
+    };
+    osr_http_req_t *req = f->req;
+    req->on_done = NULL;
+    osr_free(f);
+    if (osr_http_upgrade(req, h, 3, on_fd_upgraded, s) != 0) {
+      osr__agent_send_http_error(req, 500, "upgrade failed");
+      osr_sock_close(s);
+    }
+    return;
+  }
   /* From here the splice owns the upstream socket, and the client socket
    * once the upgrade hands it over. */
   osr_splice_t *sp = osr_splice_new(s, on_splice_closed, NULL);
@@ -119,6 +189,9 @@ void osr__agent_port_forward(agent_t *a, osr_http_req_t *req)
   }
   fwd_t *f = osr_xcalloc(1, sizeof(*f));
   f->req = req;
+  const osr_iovec_t *fdh = osr_http_req_header(req, "osr-fd");
+  f->want_fd = fdh != NULL && fdh->len == 1 && fdh->base[0] == '1' && fdpass_enabled() &&
+               osr_fdpass_is_unix(req->sock);
   req->data = f;
   req->on_done = fwd_req_done;
   char addr[32];

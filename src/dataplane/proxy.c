@@ -38,11 +38,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "dataplane/dp_int.h"
 #include "net/splice.h"
 #include "net/addr.h"
 #include "net/connect.h"
+#include "net/fdpass.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -193,6 +195,9 @@ static void agent_token_for(osr_dataplane_t *dp, const char *addr, uint16_t port
 
 typedef void (*tunnel_cb)(osr_sock_t *s, int status, int http_status, void *data);
 
+static int name_is(osr_iovec_t n, const char *s);
+static size_t parse_resp_headers(const char *p, const char *e, osr_http_header_t *h, size_t max);
+
 typedef struct tunnel_s {
   osr_sock_t *s;
   tunnel_cb cb;
@@ -205,6 +210,10 @@ typedef struct tunnel_s {
   size_t extra_len;
   uint16_t port;
   char agent_tok[65]; /* for the agent's handshake check; "" = none */
+  /* Descriptor passing (unix endpoints): the handshake asks for the
+   * port's socket itself and is read by `fr` (net/fdpass.h). */
+  int fdpass;
+  osr_fdpass_recv_t *fr;
 } tunnel_t;
 
 static void tun_on_read(osr_sock_t *s, int status);
@@ -222,6 +231,12 @@ static void tun_fail(tunnel_t *t, int err)
 static void tun_on_close(osr_sock_t *s)
 {
   tunnel_t *t = s->data;
+  if (t->fr != NULL) {
+    osr_fdpass_recv_stop(t->fr, 0);
+    t->fr = NULL;
+  }
+  osr_free(t->extra);
+  t->extra = NULL;
   t->cb(NULL, t->err != 0 ? t->err : OSR_ECONNRESET, t->http_status, t->data);
   osr_free(t);
 }
@@ -287,6 +302,156 @@ static void tun_on_read(osr_sock_t *s, int status)
   osr_free(t);
 }
 
+static void nop_read(osr_sock_t *s, int status)
+{
+  (void)s;
+  (void)status;
+}
+static void nop_close(osr_sock_t *s)
+{
+  (void)s;
+}
+static const osr_sock_events_t nop_events = {nop_read, nop_close, NULL, NULL};
+
+/* The stream to the port is ready on `s` (the tunnel, or the passed socket):
+ * send the held request head, if any, and hand `s` over. */
+static void tun_ready(tunnel_t *t, osr_sock_t *s)
+{
+  if (t->extra != NULL) {
+    osr_iovec_t iov = osr_iov(t->extra, t->extra_len);
+    char *x = t->extra;
+    t->extra = NULL;
+    if (osr_sock_write(s, &iov, 1, free_written, x) != 0) {
+      osr_free(x);
+      tun_fail(t, OSR_ECONNRESET); /* s is t->s */
+      return;
+    }
+  }
+  osr_sock_set_idle_timeout(s, 0);
+  t->cb(s, 0, 101, t->data); /* the callee sets new events */
+  osr_free(t);
+}
+
+/* Is `v` listed as a header value "1" for `name` in the head [p, e)? */
+static int head_has(const char *p, const char *e, const char *name)
+{
+  osr_http_header_t h[64];
+  size_t n = parse_resp_headers(p, e, h, OSR_ARRAY_SIZE(h));
+  for (size_t i = 0; i < n; i++)
+    if (name_is(h[i].name, name) && h[i].value.len == 1 && h[i].value.base[0] == '1')
+      return 1;
+  return 0;
+}
+
+/* A hostile or broken agent: whatever it sent is closed, the request gets
+ * a 502 (through tun_fail), and the event is logged. */
+static void tun_refuse(tunnel_t *t, const char *why)
+{
+  char peer[128] = "";
+  (void)osr_sock_peername(t->s, peer, sizeof(peer));
+  OSR_LOG_WARN(MOD, "agent %s port %u: descriptor handshake refused: %s", peer, t->port, why);
+  if (t->fr != NULL) {
+    osr_fdpass_recv_stop(t->fr, 0);
+    t->fr = NULL;
+  }
+  tun_fail(t, OSR_EPROTO);
+}
+
+/* The handshake answer, read with recvmsg (net/fdpass.h). After
+ * "HTTP/1.1 101 ... osr-fd: 1" comes one tag byte: 'F' with the port's
+ * socket attached, or 'T' for a byte tunnel. A 101 without osr-fd is an
+ * agent that does not know the extension: a tunnel as before. */
+static void tun_on_fdread(osr_fdpass_recv_t *r, int status, void *data)
+{
+  tunnel_t *t = data;
+  osr_sock_t *s = t->s;
+  (void)r;
+  if (status != 0) {
+    if (status == OSR_EPROTO) {
+      tun_refuse(t, "bad control message (more than one descriptor, or truncated)");
+      return;
+    }
+    osr_fdpass_recv_stop(t->fr, 0);
+    t->fr = NULL;
+    tun_fail(t, status == OSR_EOF ? OSR_ECONNRESET : status);
+    return;
+  }
+  const char *p = osr_buf_data(&s->input);
+  const char *e = head_end(p, s->input.len);
+  if (e == NULL) {
+    if (s->input.len > DP_TUNNEL_HEAD_MAX)
+      tun_refuse(t, "answer head too large");
+    else if (osr_fdpass_recv_fd(t->fr) >= 0)
+      tun_refuse(t, "a descriptor inside the answer head");
+    return;
+  }
+  int code = status_of(p, (size_t)(e - p));
+  if (code != 101) {
+    osr_fdpass_recv_stop(t->fr, 0);
+    t->fr = NULL;
+    t->http_status = code;
+    tun_fail(t, OSR_EHTTP);
+    return;
+  }
+  size_t hl = (size_t)(e - p);
+  if (!head_has(p, e, "osr-fd")) {
+    if (osr_fdpass_recv_fd(t->fr) >= 0) {
+      tun_refuse(t, "a descriptor that was not announced");
+      return;
+    }
+    osr_fdpass_recv_stop(t->fr, 0);
+    t->fr = NULL;
+    osr_buf_consume(&s->input, hl);
+    tun_ready(t, s);
+    return;
+  }
+  if (s->input.len == hl)
+    return; /* the tag byte follows */
+  char tag = p[hl];
+  if (tag == 'T') {
+    if (osr_fdpass_recv_fd(t->fr) >= 0) {
+      tun_refuse(t, "a descriptor with the tunnel tag");
+      return;
+    }
+    osr_fdpass_recv_stop(t->fr, 0);
+    t->fr = NULL;
+    osr_buf_consume(&s->input, hl + 1); /* bytes after the tag are the port's */
+    tun_ready(t, s);
+    return;
+  }
+  if (tag != 'F' || s->input.len != hl + 1) {
+    tun_refuse(t, tag != 'F' ? "unknown tag" : "bytes after the descriptor tag");
+    return;
+  }
+  int fd = osr_fdpass_recv_stop(t->fr, 1);
+  t->fr = NULL;
+  const char *why = NULL;
+  if (fd < 0) {
+    tun_refuse(t, "the descriptor tag came without a descriptor");
+    return;
+  }
+  if (osr_fdpass_check_stream(fd, &why) != 0) {
+    close(fd);
+    tun_refuse(t, why);
+    return;
+  }
+  osr_sock_t *ns = NULL;
+  int rv = osr_fdpass_sock_open(s->loop, fd, &ns); /* takes fd */
+  if (rv != 0) {
+    tun_fail(t, rv);
+    return;
+  }
+  osr_sock_set_events(ns, &tun_events, t);
+  osr_sock_set_nodelay(ns, 1);
+  /* The unix connection has done its job; the port's socket replaces it. */
+  osr_buf_consume(&s->input, hl + 1);
+  t->s = NULL;
+  osr_sock_set_events(s, &nop_events, NULL);
+  osr_sock_close(s);
+  t->s = ns;
+  tun_ready(t, ns);
+}
+
 static void tun_on_connected(osr_sock_t *s, int status, void *data)
 {
   tunnel_t *t = data;
@@ -303,15 +468,22 @@ static void tun_on_connected(osr_sock_t *s, int status, void *data)
   char *head = osr_xmalloc(256);
   int n = snprintf(head, 256,
                    "GET /_osr/ports/%u HTTP/1.1\r\nhost: localhost\r\nupgrade: osr-tcp\r\n"
-                   "connection: Upgrade\r\n%s%s%s\r\n",
+                   "connection: Upgrade\r\n%s%s%s%s\r\n",
                    t->port, t->agent_tok[0] ? "x-access-token: " : "", t->agent_tok,
-                   t->agent_tok[0] ? "\r\n" : "");
+                   t->agent_tok[0] ? "\r\n" : "", t->fdpass ? "osr-fd: 1\r\n" : "");
   osr_iovec_t iov = osr_iov(head, (size_t)n);
   if (osr_sock_write(s, &iov, 1, free_written, head) != 0) {
     osr_free(head);
     osr_free(t->extra);
     t->extra = NULL;
     tun_fail(t, OSR_ECONNRESET);
+    return;
+  }
+  if (t->fdpass) {
+    /* The answer decides where the held head goes (the passed socket or
+     * the tunnel), so nothing more is sent before it. */
+    if (osr_fdpass_recv_start(s, tun_on_fdread, t, &t->fr) != 0)
+      tun_fail(t, OSR_ECONNRESET);
     return;
   }
   /* Bytes for the port itself may follow at once: the agent upgrades only
@@ -349,6 +521,10 @@ static int tunnel_open(osr_dataplane_t *dp, const char *addr, int tls, uint16_t 
   t->port = port;
   t->extra = extra;
   t->extra_len = extra_len;
+  /* Only a unix socket can carry a descriptor, and only an agent on this
+   * host (the local provider's container class, the benchmark) listens on
+   * one; the agent decides whether it really can (docs/agent.md). */
+  t->fdpass = !tls && strncmp(addr, "unix:", 5) == 0;
   osr_connect_opts_t co = {DP_TUNNEL_TIMEOUT_MS, tls ? dp->client_tls : NULL, NULL};
   int rv = osr_connect(dp->loop, addr, &co, tun_on_connected, t, NULL);
   if (rv != 0) {

@@ -311,7 +311,16 @@ static int start_splice(side_t *sd)
     return OSR_EINVAL; /* a poll already set up is released at close */
   }
   sd->spliced = 1;
-  osr_sock_read_stop(sd->s); /* for good: the poll on the dup reads now */
+  /* For good: the poll on the dup reads now. osr_sock_read_stop() alone is
+   * a lazy pause (net/sock.c leaves libuv reading into the input buffer's
+   * free tail, which a pooled read block may provide), and a byte libuv
+   * read then would be taken out of the middle of the spliced stream and
+   * never relayed; so libuv's reading is stopped outright here. */
+  osr_sock_read_stop(sd->s);
+  if (sd->s->_flags & OSR_SOCK_F_UV_READING) {
+    uv_read_stop(&sd->s->_h.stream);
+    sd->s->_flags &= ~OSR_SOCK_F_UV_READING;
+  }
   update_poll(sd);
   return 0;
 }

@@ -68,6 +68,10 @@ def pipes(pid):
 
 class Splice(unittest.TestCase):
     def setUp(self):
+        # The agent's byte tunnel is what is tested here: without this it
+        # hands the data plane the port's socket itself (osr-fd, docs/agent.md;
+        # that path is tested in test_fdpass.py).
+        os.environ["OSR_FDPASS"] = "0"
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
         self.port = self.srv.server_address[1]
         self.t = threading.Thread(target=self.srv.serve_forever, daemon=True)
@@ -77,6 +81,7 @@ class Splice(unittest.TestCase):
         self.srv.shutdown()
         self.srv.server_close()
         os.environ.pop("OSR_SPLICE", None)
+        os.environ.pop("OSR_FDPASS", None)
 
     def run_mode(self, splice):
         if splice:
