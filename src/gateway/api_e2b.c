@@ -173,20 +173,47 @@ static json_t *listed_json(const osr_binding_t *b)
       "diskSizeMB", 0, "envdVersion", OSR_AGENT_ENVD_VERSION, "metadata", split_metadata(b, NULL));
 }
 
-/* A binding token granting everything (as the create answer's), or NULL. */
-static json_t *token_json(osr_gw_t *gw, const osr_binding_t *b)
+/* Answer `body` (stolen) with "envdAccessToken": a binding token granting
+ * everything (as the create answer's), signed on the thread pool
+ * (osr__token_mint_async). Without a token (the sandbox's TTL is over, no
+ * key) the field is left out, as E2B does for a sandbox without access
+ * control: the SDK then sends no X-Access-Token. */
+typedef struct tok_reply_s {
+  osr_gw_call_t *call; /* held */
+  int status;
+  json_t *body;
+  char id[OSR_ID_MAX];
+} tok_reply_t;
+
+static void tok_reply_minted(int status, const char *tok, const osr_token_claims_t *claims,
+                             void *data)
+{
+  tok_reply_t *t = data;
+  (void)claims;
+  if (status != 0)
+    OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", t->id, osr_token_strerror(status));
+  else
+    json_object_set_new(t->body, "envdAccessToken", json_string(tok));
+  osr_gw_reply(t->call, t->status, t->body);
+  osr_gw_call_release(t->call);
+  osr_free(t);
+}
+
+static void reply_with_token(osr_gw_call_t *call, int status, json_t *body, const osr_binding_t *b)
 {
   osr__token_req_t tr;
-  char tok[OSR_TOKEN_MAX + 1];
   memset(&tr, 0, sizeof(tr));
   tr.scopes = OSR_SCOPE_ALL;
   tr.all_ports = 1;
-  int rv = osr__token_mint(gw, b, &tr, tok, sizeof(tok), NULL);
-  if (rv != 0) {
-    OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", b->id, osr_token_strerror(rv));
-    return NULL;
-  }
-  return json_string(tok);
+  tok_reply_t *t = osr_xmalloc(sizeof(*t));
+  t->call = call;
+  t->status = status;
+  t->body = body;
+  snprintf(t->id, sizeof(t->id), "%s", b->id);
+  osr_gw_call_hold(call);
+  int rv = osr__token_mint_async(call->gw, b, &tr, tok_reply_minted, t);
+  if (rv != 0)
+    tok_reply_minted(rv, NULL, NULL, t);
 }
 
 /* Sandbox (create/connect answer). `token` is stolen (NULL = omitted: the
@@ -205,37 +232,12 @@ static json_t *sandbox_json(const char *id, const char *tpl, const char *provide
 /* ------------------------------------------------------------------------ */
 /* Reading one binding                                                       */
 
-typedef void (*got_cb)(osr_gw_call_t *call, int status, const osr_binding_t *b);
-
-typedef struct get_s {
-  osr_gw_call_t *call;
-  got_cb cb;
-} get_t;
-
-static void on_got(int status, const osr_binding_t *b, int created, void *data)
+/* Straight from the store (osr__read_binding without the cache): E2B's
+ * calls act on the state (kill, connect, pause), so a stale cache entry
+ * would mislead. */
+static void get_binding(osr_gw_call_t *call, osr__read_cb cb)
 {
-  get_t *g = data;
-  (void)created;
-  g->cb(g->call, status, status == 0 ? b : NULL);
-  osr_gw_call_release(g->call);
-  osr_free(g);
-}
-
-/* cb fires exactly once, with the binding (tenant-scoped: another tenant's
- * is OSR_ENOTFOUND) or an error. Straight from the store: E2B's calls act on
- * the state (kill, connect, pause), so a stale cache entry would mislead. */
-static void get_binding(osr_gw_call_t *call, got_cb cb)
-{
-  osr_gw_t *gw = call->gw;
-  get_t *g = osr_xcalloc(1, sizeof(*g));
-  g->call = call;
-  g->cb = cb;
-  osr_gw_call_hold(call);
-  const char *tenant = call->auth.role == OSR_ROLE_ADMIN ? NULL : call->auth.tenant;
-  int rv = gw->store == NULL ? OSR_EUNAVAILABLE
-                             : osr_store_get(gw->store, tenant, call->path_id, on_got, g);
-  if (rv != 0)
-    on_got(rv == OSR_ECLOSED ? OSR_EUNAVAILABLE : rv, NULL, 0, g);
+  osr__read_binding(call, 0, cb);
 }
 
 /* Common front of the native per-sandbox handlers: answers errors and
@@ -422,9 +424,6 @@ static void get_got(osr_gw_call_t *call, int status, const osr_binding_t *b)
   json_t *extra = NULL;
   json_decref(split_metadata(b, &extra));
   json_object_set_new(j, "domain", domain_json());
-  json_t *tok = b->state != OSR_BINDING_CREATING ? token_json(call->gw, b) : NULL;
-  if (tok != NULL)
-    json_object_set_new(j, "envdAccessToken", tok);
   json_t *ai = json_object_get(extra, "allowInternetAccess");
   json_object_set(j, "allowInternetAccess", json_is_boolean(ai) ? ai : json_true());
   if (json_object_get(extra, "network") != NULL)
@@ -435,7 +434,10 @@ static void get_got(osr_gw_call_t *call, int status, const osr_binding_t *b)
                 json_is_true(json_object_get(extra, "autoPause")) ? "pause" : "kill", "autoResume",
                 0));
   json_decref(extra);
-  osr_gw_reply(call, 200, j);
+  if (b->state != OSR_BINDING_CREATING)
+    reply_with_token(call, 200, j, b);
+  else
+    osr_gw_reply(call, 200, j);
 }
 
 void osr_gw_e2b_get(osr_gw_call_t *call)
@@ -549,8 +551,8 @@ static void op_stored(int status, void *data)
   if (op->ok_status == 204)
     osr_gw_reply(call, 204, NULL);
   else
-    osr_gw_reply(call, op->ok_status,
-                 sandbox_json(op->b.id, op->b.template_id, op->b.provider, token_json(gw, &op->b)));
+    reply_with_token(call, op->ok_status,
+                     sandbox_json(op->b.id, op->b.template_id, op->b.provider, NULL), &op->b);
   op_free(op);
 }
 

@@ -13,6 +13,7 @@
  * so ids cannot be probed across tenants.
  */
 #include <ctype.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -512,7 +513,9 @@ static int doc_ok(const char *s, size_t *len)
   return s[*len - 1] == '}';
 }
 
-void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr__jw_t *w)
+/* The answer up to and including "dataplaneUrl": everything before the
+ * token. */
+static void sandbox_write_head(osr_gw_t *gw, const osr_binding_t *b, osr__jw_t *w)
 {
   const osr_gw_config_t *cfg = gw->cfg;
   size_t n;
@@ -553,26 +556,25 @@ void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, os
   } else {
     osr__jw_lit(w, "null");
   }
-  if (with_token && (b->state == OSR_BINDING_RUNNING || b->state == OSR_BINDING_PAUSED)) {
-    /* The create answer's token grants everything (the creator owns the
-     * sandbox); narrower ones come from POST /v1/sandboxes/{id}/tokens. */
-    osr__token_req_t tr;
-    osr_token_claims_t tc;
-    char tok[OSR_TOKEN_MAX + 1];
-    memset(&tr, 0, sizeof(tr));
-    tr.scopes = OSR_SCOPE_ALL;
-    tr.all_ports = 1;
-    int rv = osr__token_mint(gw, b, &tr, tok, sizeof(tok), &tc);
-    if (rv != 0) {
-      OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", b->id, osr_token_strerror(rv));
-      osr__jw_lit(w, ",\"token\":null,\"tokenExpiresAt\":null");
-    } else {
-      osr__jw_lit(w, ",\"token\":");
-      osr__jw_str(w, tok);
-      osr__jw_lit(w, ",\"tokenExpiresAt\":");
-      osr__jw_time(w, (int64_t)tc.exp * 1000);
-    }
+}
+
+/* ,"token":...,"tokenExpiresAt":... (tok NULL: both null). */
+static void sandbox_write_token(osr__jw_t *w, const char *tok, const osr_token_claims_t *tc)
+{
+  if (tok == NULL) {
+    osr__jw_lit(w, ",\"token\":null,\"tokenExpiresAt\":null");
+    return;
   }
+  osr__jw_lit(w, ",\"token\":");
+  osr__jw_str(w, tok);
+  osr__jw_lit(w, ",\"tokenExpiresAt\":");
+  osr__jw_time(w, (int64_t)tc->exp * 1000);
+}
+
+/* Everything after the token, closing brace included. */
+static void sandbox_write_tail(const osr_binding_t *b, osr__jw_t *w)
+{
+  size_t n;
   osr__jw_lit(w, ",\"createdAt\":");
   osr__jw_time(w, b->created_ms);
   osr__jw_lit(w, ",\"updatedAt\":");
@@ -601,6 +603,36 @@ void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, os
   osr__jw_lit(w, "}");
 }
 
+/* The create answer's token grants everything (the creator owns the
+ * sandbox); narrower ones come from POST /v1/sandboxes/{id}/tokens. */
+static int wants_token(const osr_binding_t *b, int with_token)
+{
+  return with_token && (b->state == OSR_BINDING_RUNNING || b->state == OSR_BINDING_PAUSED);
+}
+
+static void full_token_req(osr__token_req_t *tr)
+{
+  memset(tr, 0, sizeof(*tr));
+  tr->scopes = OSR_SCOPE_ALL;
+  tr->all_ports = 1;
+}
+
+void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr__jw_t *w)
+{
+  sandbox_write_head(gw, b, w);
+  if (wants_token(b, with_token)) {
+    osr__token_req_t tr;
+    osr_token_claims_t tc;
+    char tok[OSR_TOKEN_MAX + 1];
+    full_token_req(&tr);
+    int rv = osr__token_mint(gw, b, &tr, tok, sizeof(tok), &tc);
+    if (rv != 0)
+      OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", b->id, osr_token_strerror(rv));
+    sandbox_write_token(w, rv == 0 ? tok : NULL, &tc);
+  }
+  sandbox_write_tail(b, w);
+}
+
 /* Three stored documents of at most OSR__STORE_JSON_MAX (64 KiB) each, a
  * token and a few short fields. */
 #define SANDBOX_JSON_MAX (256 * 1024)
@@ -617,33 +649,98 @@ json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token
   return j;
 }
 
-void osr__sandbox_reply(osr_gw_call_t *call, int status, const osr_binding_t *b, int with_token)
+static void reply_written(osr_gw_call_t *call, int status, osr__jw_t *w)
 {
-  osr__jw_t w;
   size_t len = 0;
-  if (call->reshape != NULL) {
-    /* The E2B front door reshapes the tree. */
-    osr_gw_reply(call, status, osr_gw_sandbox_json(call->gw, b, with_token));
-    return;
-  }
-  osr__jw_init(&w, SANDBOX_JSON_MAX);
-  osr__sandbox_write(call->gw, b, with_token, &w);
-  char *s = osr__jw_release(&w, &len);
+  char *s = osr__jw_release(w, &len);
   if (s == NULL) {
     osr_gw_error(call, 500, "internal", "out of memory", NULL);
     return;
   }
+  /* With a reshape hook (the E2B front door) the text is parsed into the
+   * tree the hook works on. */
   osr_gw_reply_text(call, status, s, len);
+}
+
+/* An answer waiting for its token: the text before and after it, written
+ * from the binding before the signing started (the binding is the
+ * caller's and may be gone by the time the signature is). */
+typedef struct signed_reply_s {
+  osr_gw_call_t *call; /* held */
+  int status;
+  uint64_t queued_us; /* for the trace line */
+  char id[OSR_ID_MAX];
+  osr__jw_t head, tail;
+} signed_reply_t;
+
+static void signed_reply_minted(int status, const char *tok, const osr_token_claims_t *tc,
+                                void *data)
+{
+  signed_reply_t *sr = data;
+  if (status != 0)
+    OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", sr->id, osr_token_strerror(status));
+  OSR_LOG_TRACE(MOD, "token %s: signed in %" PRIu64 " us", sr->id,
+                uv_hrtime() / 1000 - sr->queued_us);
+  sandbox_write_token(&sr->head, status == 0 ? tok : NULL, tc);
+  size_t tlen = 0;
+  char *t = osr__jw_release(&sr->tail, &tlen);
+  if (t != NULL)
+    osr__jw_raw(&sr->head, t, tlen);
+  else
+    sr->head.err = 1;
+  osr_free(t);
+  reply_written(sr->call, sr->status, &sr->head);
+  osr__jw_dispose(&sr->head);
+  osr_gw_call_release(sr->call);
+  osr_free(sr);
+}
+
+void osr__sandbox_reply_signed(osr_gw_call_t *call, int status, const osr_binding_t *b,
+                               const char *tok, const osr_token_claims_t *claims)
+{
+  osr__jw_t w;
+  osr__jw_init(&w, SANDBOX_JSON_MAX);
+  sandbox_write_head(call->gw, b, &w);
+  sandbox_write_token(&w, tok, claims);
+  sandbox_write_tail(b, &w);
+  reply_written(call, status, &w);
+  osr__jw_dispose(&w);
+}
+
+void osr__sandbox_reply(osr_gw_call_t *call, int status, const osr_binding_t *b, int with_token)
+{
+  osr_gw_t *gw = call->gw;
+  osr__jw_t w;
+  if (wants_token(b, with_token)) {
+    signed_reply_t *sr = osr_xmalloc(sizeof(*sr));
+    osr__token_req_t tr;
+    full_token_req(&tr);
+    sr->call = call;
+    sr->status = status;
+    sr->queued_us = uv_hrtime() / 1000;
+    snprintf(sr->id, sizeof(sr->id), "%s", b->id);
+    osr__jw_init(&sr->head, SANDBOX_JSON_MAX);
+    osr__jw_init(&sr->tail, SANDBOX_JSON_MAX);
+    sandbox_write_head(gw, b, &sr->head);
+    sandbox_write_tail(b, &sr->tail);
+    osr_gw_call_hold(call);
+    int rv = osr__token_mint_async(gw, b, &tr, signed_reply_minted, sr);
+    if (rv != 0)
+      signed_reply_minted(rv, NULL, NULL, sr); /* answered now, token null */
+    return;
+  }
+  osr__jw_init(&w, SANDBOX_JSON_MAX);
+  osr__sandbox_write(gw, b, with_token, &w);
+  reply_written(call, status, &w);
+  osr__jw_dispose(&w);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Reading one binding: Redis, then the store                                */
 
-typedef void (*read_cb)(osr_gw_call_t *call, int status, const osr_binding_t *b);
-
 typedef struct read_s {
   osr_gw_call_t *call;
-  read_cb cb;
+  osr__read_cb cb;
   char tenant[OSR_TENANT_MAX]; /* "" = any (admin) */
   char id[OSR_ID_MAX];
 } read_t;
@@ -689,9 +786,9 @@ static void read_redis_done(int status, const osr_binding_t *b, void *data)
   read_from_store(rd);
 }
 
-/* cb fires exactly once with the binding or an error (OSR_ENOTFOUND,
- * OSR_EUNAVAILABLE). `cached_ok` allows the answer to come from Redis. */
-static void read_binding(osr_gw_call_t *call, int cached_ok, read_cb cb)
+/* See sandboxes.h. One copy for the OSR and the E2B routes, so the tenant
+ * rule (another tenant's sandbox is a 404) cannot drift between them. */
+void osr__read_binding(osr_gw_call_t *call, int cached_ok, osr__read_cb cb)
 {
   osr_gw_t *gw = call->gw;
   read_t *rd = osr_xcalloc(1, sizeof(*rd));
@@ -973,7 +1070,7 @@ static int check_id(osr_gw_call_t *call)
 void osr_gw_sandbox_get(osr_gw_call_t *call)
 {
   if (check_id(call) == 0)
-    read_binding(call, 1, get_done);
+    osr__read_binding(call, 1, get_done);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1082,7 +1179,7 @@ static void kill_got(osr_gw_call_t *call, int status, const osr_binding_t *b)
 void osr_gw_sandbox_delete(osr_gw_call_t *call)
 {
   if (check_id(call) == 0)
-    read_binding(call, 0, kill_got);
+    osr__read_binding(call, 0, kill_got);
 }
 
 static void timeout_stored(int status, void *data)
@@ -1143,7 +1240,7 @@ void osr_gw_sandbox_timeout(osr_gw_call_t *call)
     osr_gw_error(call, 400, "invalid_request", err, NULL);
     return;
   }
-  read_binding(call, 0, timeout_got);
+  osr__read_binding(call, 0, timeout_got);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1151,6 +1248,8 @@ void osr_gw_sandbox_timeout(osr_gw_call_t *call)
 
 typedef struct tokreq_s {
   osr__token_req_t r;
+  osr_gw_call_t *call; /* held while the token is signed */
+  char id[OSR_ID_MAX];
 } tokreq_t;
 
 /* {scopes: ["exec","files","ports"], ports: [n, ...] | "all", ttlSeconds}.
@@ -1227,6 +1326,52 @@ static int parse_token_req(osr_gw_t *gw, const json_t *body, osr__token_req_t *r
   return 0;
 }
 
+static void token_sign_failed(osr_gw_call_t *call, int rv)
+{
+  char msg[160];
+  snprintf(msg, sizeof(msg), "cannot sign a token: %s", osr_token_strerror(rv));
+  osr_gw_error(call, 500, "internal", msg, NULL);
+}
+
+/* The signature is done (on the thread pool): answer and audit. */
+static void tokens_minted(int status, const char *tok, const osr_token_claims_t *c, void *data)
+{
+  tokreq_t *tr = data;
+  osr_gw_call_t *call = tr->call;
+  osr_gw_t *gw = call->gw;
+  if (status != 0) {
+    token_sign_failed(call, status);
+    goto out;
+  }
+  json_t *scopes = json_array();
+  if (c->scopes & OSR_SCOPE_EXEC)
+    json_array_append_new(scopes, json_string("exec"));
+  if (c->scopes & OSR_SCOPE_FILES)
+    json_array_append_new(scopes, json_string("files"));
+  if (c->scopes & OSR_SCOPE_PORTS)
+    json_array_append_new(scopes, json_string("ports"));
+  json_t *ports;
+  if (c->all_ports) {
+    ports = json_string("all");
+  } else {
+    ports = json_array();
+    for (size_t i = 0; i < c->nports; i++)
+      json_array_append_new(ports, json_integer(c->ports[i]));
+  }
+  /* The audit records what was granted and the token's id, never the
+   * token itself (it is a bearer credential). */
+  osr_gw_audit(gw, &call->auth, "token", tr->id, "ok",
+               json_pack("{s:O,s:O,s:I,s:s}", "scopes", scopes, "ports", ports, "expiresAt",
+                         (json_int_t)c->exp, "tokenId", c->jti));
+  osr_gw_reply(call, 201,
+               json_pack("{s:s,s:o,s:o,s:o,s:s,s:s}", "token", tok, "expiresAt",
+                         time_or_null(c->exp * 1000), "scopes", scopes, "ports", ports, "tokenId",
+                         c->jti, "sandboxId", tr->id));
+out:
+  osr_gw_call_release(call);
+  osr_free(tr);
+}
+
 static void tokens_got(osr_gw_call_t *call, int status, const osr_binding_t *b)
 {
   osr_gw_t *gw = call->gw;
@@ -1240,44 +1385,18 @@ static void tokens_got(osr_gw_call_t *call, int status, const osr_binding_t *b)
     conflict_state(call, b, "issue a token for");
     goto out;
   }
-  char tok[OSR_TOKEN_MAX + 1];
-  osr_token_claims_t c;
-  int rv = osr__token_mint(gw, b, &tr->r, tok, sizeof(tok), &c);
-  if (rv == OSR_ETOKEN_EXPIRED) {
+  tr->call = call;
+  snprintf(tr->id, sizeof(tr->id), "%s", b->id);
+  osr_gw_call_hold(call);
+  int rv = osr__token_mint_async(gw, b, &tr->r, tokens_minted, tr);
+  if (rv == 0)
+    return; /* tokens_minted answers, releases and frees */
+  osr_gw_call_release(call); /* the read's hold keeps the call alive */
+  if (rv == OSR_ETOKEN_EXPIRED)
     osr_gw_error(call, 409, "conflict", "the sandbox's timeout has passed",
                  json_pack("{s:s}", "state", osr_binding_state_name(b->state)));
-    goto out;
-  }
-  if (rv != 0) {
-    char msg[160];
-    snprintf(msg, sizeof(msg), "cannot sign a token: %s", osr_token_strerror(rv));
-    osr_gw_error(call, 500, "internal", msg, NULL);
-    goto out;
-  }
-  json_t *scopes = json_array();
-  if (c.scopes & OSR_SCOPE_EXEC)
-    json_array_append_new(scopes, json_string("exec"));
-  if (c.scopes & OSR_SCOPE_FILES)
-    json_array_append_new(scopes, json_string("files"));
-  if (c.scopes & OSR_SCOPE_PORTS)
-    json_array_append_new(scopes, json_string("ports"));
-  json_t *ports;
-  if (c.all_ports) {
-    ports = json_string("all");
-  } else {
-    ports = json_array();
-    for (size_t i = 0; i < c.nports; i++)
-      json_array_append_new(ports, json_integer(c.ports[i]));
-  }
-  /* The audit records what was granted and the token's id, never the
-   * token itself (it is a bearer credential). */
-  osr_gw_audit(gw, &call->auth, "token", b->id, "ok",
-               json_pack("{s:O,s:O,s:I,s:s}", "scopes", scopes, "ports", ports, "expiresAt",
-                         (json_int_t)c.exp, "tokenId", c.jti));
-  osr_gw_reply(call, 201,
-               json_pack("{s:s,s:o,s:o,s:o,s:s,s:s}", "token", tok, "expiresAt",
-                         time_or_null(c.exp * 1000), "scopes", scopes, "ports", ports, "tokenId",
-                         c.jti, "sandboxId", b->id));
+  else
+    token_sign_failed(call, rv);
 out:
   osr_free(tr);
 }
@@ -1301,5 +1420,5 @@ void osr_gw_sandbox_tokens(osr_gw_call_t *call)
   /* From the store, not the cache: a token must not be minted from a
    * binding whose kill the cache has not heard of yet. */
   call->data = tr;
-  read_binding(call, 0, tokens_got);
+  osr__read_binding(call, 0, tokens_got);
 }

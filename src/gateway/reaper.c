@@ -200,6 +200,36 @@ static const char *expiry_reason(int64_t now, osr_binding_state_t state, int64_t
   return NULL;
 }
 
+/* End r->cur, which was read from the store as it is in r->cur now: a
+ * compare-and-set on the state and version (updated_ms) read, like the
+ * create's and recovery's updates. Between that read and this write the
+ * reaper waited for a provider call, and meanwhile the row may have been
+ * killed, extended (POST .../timeout, E2B connect), or ended by another
+ * gateway's reaper: an unconditional write would overwrite that change
+ * without seeing it (and audit an action on a row it no longer describes).
+ * The loser gets OSR_ECONFLICT and leaves the row as it is; if the resource
+ * is in fact gone, the next pass's reconciliation marks it lost. Touches
+ * (data-plane activity) do not move updated_ms, so an idle reap that races
+ * new traffic still wins: the resource was destroyed before the write. */
+static int end_cur(osr_reaper_t *r, osr_binding_state_t to, const char *reason,
+                   osr_store_done_cb cb)
+{
+  osr_store_update_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.if_state = r->cur.state;
+  o.if_updated_ms = r->cur.updated_ms;
+  int64_t now = osr_now_ms();
+  /* Never write the version the condition compares against: an update in
+   * the same millisecond as the read must still be a new version. */
+  if (now <= r->cur.updated_ms)
+    now = r->cur.updated_ms + 1;
+  r->cur.state = to;
+  r->cur.ended_ms = now;
+  r->cur.updated_ms = now;
+  snprintf(r->cur.end_reason, sizeof(r->cur.end_reason), "%s", reason);
+  return osr_store_update_ex(r->gw->store, &r->cur, &o, cb, r);
+}
+
 static void expire_next(osr_reaper_t *r)
 {
   osr_binding_dispose(&r->cur);
@@ -219,6 +249,9 @@ static void expire_stored(int status, void *data)
     snprintf(action, sizeof(action), "reap.%s", r->reason);
     audit(r, r->cur.tenant, action, r->cur.id, "ok",
           json_pack("{s:s,s:s}", "provider", r->cur.provider, "providerId", r->cur.provider_id));
+  } else if (status == OSR_ECONFLICT) {
+    OSR_LOG_INFO(MOD, "%s changed while its provider resource was destroyed; left as it is",
+                 r->cur.id);
   } else {
     OSR_LOG_WARN(MOD, "ending %s: %s", r->cur.id, osr__err_text(status));
   }
@@ -236,12 +269,7 @@ static void expire_destroyed(osr_provider_t *p, int status, void *data)
     expire_next(r);
     return;
   }
-  int64_t now = osr_now_ms();
-  r->cur.state = OSR_BINDING_ENDED;
-  r->cur.ended_ms = now;
-  r->cur.updated_ms = now;
-  snprintf(r->cur.end_reason, sizeof(r->cur.end_reason), "%s", r->reason);
-  int rv = osr_store_update(r->gw->store, &r->cur, expire_stored, r);
+  int rv = end_cur(r, OSR_BINDING_ENDED, r->reason, expire_stored);
   if (rv != 0)
     expire_stored(rv, r);
 }
@@ -390,12 +418,7 @@ static void lost_got(int status, const osr_binding_t *b, int created, void *data
     return;
   }
   osr_binding_copy(&r->cur, b);
-  int64_t now = osr_now_ms();
-  r->cur.state = OSR_BINDING_LOST;
-  r->cur.ended_ms = now;
-  r->cur.updated_ms = now;
-  snprintf(r->cur.end_reason, sizeof(r->cur.end_reason), "lost");
-  int rv = osr_store_update(r->gw->store, &r->cur, lost_stored, r);
+  int rv = end_cur(r, OSR_BINDING_LOST, "lost", lost_stored);
   if (rv != 0)
     lost_stored(rv, r);
 }

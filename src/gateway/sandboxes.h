@@ -1,7 +1,8 @@
 /*
- * Private seam between the sandbox API handlers (api_sandboxes.c), the create
- * flow and crash recovery (create.c) and the reaper (reaper.c). Nothing here
- * is used outside those three files.
+ * Private seam between the sandbox API handlers (api_sandboxes.c), the E2B
+ * front door (api_e2b.c), the create flow and crash recovery (create.c), the
+ * reaper (reaper.c) and the gateway's token minting (tokens.c). Nothing here
+ * is used outside those files.
  *
  * Ownership: an osr__sbx_req_t holds references into the request body (env,
  * metadata); osr__sbx_req_dispose drops them. Bindings passed to the helpers
@@ -63,6 +64,19 @@ int osr__caps_cover(const osr_capabilities_t *asked, const osr_capabilities_t *g
 void osr__cache_put(osr_gw_t *gw, const osr_binding_t *b);
 void osr__cache_invalidate(osr_gw_t *gw, const char *id);
 
+/** Called once with the binding (borrowed for the call) or an error. */
+typedef void (*osr__read_cb)(osr_gw_call_t *call, int status, const osr_binding_t *b);
+
+/** Read the binding call->path_id for the caller's tenant (an admin sees
+ *  every tenant's; another tenant's binding is OSR_ENOTFOUND, exactly like
+ *  a missing one). `cached_ok` lets the answer come from Redis when it is
+ *  connected (reads that only show the binding); 0 goes straight to the
+ *  store (calls that act on the state: kill, timeout, tokens, E2B's).
+ *  Holds `call` until cb has run. cb fires exactly once, possibly inside
+ *  this call (store unavailable), with 0 and the binding, or
+ *  OSR_ENOTFOUND / OSR_EUNAVAILABLE / another store error and NULL. */
+void osr__read_binding(osr_gw_call_t *call, int cached_ok, osr__read_cb cb);
+
 /** Start the create flow for a validated request (create.c). Takes `req`
  *  (the caller must not dispose it). Answers `call` when done. */
 void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *idem_key);
@@ -119,6 +133,22 @@ typedef struct osr__token_req_s {
 int osr__token_mint(osr_gw_t *gw, const osr_binding_t *b, const osr__token_req_t *r, char *out,
                     size_t outlen, osr_token_claims_t *claims);
 
+/** Called once on the loop thread with the signed token (NUL-terminated,
+ *  valid during the call only) and its claims, or with status < 0 (an
+ *  osr_token_sign error) and NULLs. */
+typedef void (*osr__mint_cb)(int status, const char *token, const osr_token_claims_t *claims,
+                             void *data);
+
+/** osr__token_mint with the signature computed on libuv's thread pool, so
+ *  the loop thread does not spend ~0.1 ms per token on Ed25519. The claims
+ *  (expiry included) are fixed now from `b` and `r`, which are not used
+ *  after the return. Returns 0 and cb fires exactly once, later, on the
+ *  loop thread; or returns OSR_ETOKEN_EXPIRED / OSR_ETOKEN_UNKNOWN_KEY / a
+ *  uv_queue_work error and cb never fires. The job cannot be cancelled; it
+ *  keeps the loop alive until it is done (the keyring outlives uv_run). */
+int osr__token_mint_async(osr_gw_t *gw, const osr_binding_t *b, const osr__token_req_t *r,
+                          osr__mint_cb cb, void *data);
+
 /** An audit identity for the system's own actions ("reaper", "system"). */
 void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant);
 
@@ -159,8 +189,16 @@ void osr__caps_write(osr__jw_t *w, const osr_capabilities_t *c);
 /** Write osr_gw_sandbox_json(gw, b, with_token) without building it. */
 void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr__jw_t *w);
 /** Answer `call` with the sandbox (osr_gw_reply of osr_gw_sandbox_json,
- *  without the tree unless the call reshapes its answers). */
+ *  without the tree; a call with a reshape hook gets the tree). With a
+ *  token to show (with_token and a RUNNING/PAUSED sandbox) the answer is
+ *  sent later, once the token has been signed on the thread pool
+ *  (osr__token_mint_async; the call is held meanwhile); otherwise now.
+ *  `b` is borrowed for this call only either way. */
 void osr__sandbox_reply(osr_gw_call_t *call, int status, const osr_binding_t *b, int with_token);
+/** The same, now, with a token signed beforehand (`tok` NULL: "token" and
+ *  "tokenExpiresAt" are null). The create signs while its binding commits. */
+void osr__sandbox_reply_signed(osr_gw_call_t *call, int status, const osr_binding_t *b,
+                               const char *tok, const osr_token_claims_t *claims);
 
 /** Fill an audit event as osr_gw_audit would append it, for
  *  osr_store_update_ex(.audit) (the row then commits with the change it

@@ -1360,6 +1360,25 @@ static void run_batch(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t 
       reqs[i]->status = reqs[i]->u.touch.leader->status;
 }
 
+/* This thread's time on a CPU and waiting for one (ns, from the scheduler's
+ * /proc/thread-self/schedstat), for the trace line below only: the rest of
+ * a batch's wall time is time blocked (disk, locks). Zeros elsewhere. */
+static void thread_sched_ns(uint64_t *cpu, uint64_t *wait)
+{
+  *cpu = *wait = 0;
+  if (osr__log_level > OSR_LOG_TRACE)
+    return;
+  FILE *f = fopen("/proc/thread-self/schedstat", "r");
+  if (f == NULL)
+    return;
+  unsigned long long c = 0, w = 0;
+  if (fscanf(f, "%llu %llu", &c, &w) == 2) {
+    *cpu = c;
+    *wait = w;
+  }
+  fclose(f);
+}
+
 static void worker_main(void *arg)
 {
   osr_store_t *st = arg;
@@ -1385,7 +1404,14 @@ static void worker_main(void *arg)
     st->q_len -= n;
     uv_mutex_unlock(&st->mu);
 
+    uint64_t t0 = uv_hrtime(), c0, w0, c1, w1;
+    thread_sched_ns(&c0, &w0);
     run_batch(st, db, batch, n);
+    thread_sched_ns(&c1, &w1);
+    /* Batch sizes and where their wall time went, for latency profiles
+     * (OSR_LOG_LEVEL=trace; bench/README.md "Control plane"). */
+    OSR_LOG_TRACE("store", "batch %zu in %" PRIu64 " us (cpu %" PRIu64 " us, runqueue %" PRIu64
+                  " us)", n, (uv_hrtime() - t0) / 1000, (c1 - c0) / 1000, (w1 - w0) / 1000);
 
     uv_mutex_lock(&st->mu);
     for (i = 0; i < n; i++) {

@@ -1,12 +1,17 @@
 """The reaper: TTL, orphans and lost resources, checked against an external
 osr-sim's own list."""
+import calendar
 import os
+import re
+import signal
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "api"))
 import gwlib  # noqa: E402
 import osrtest  # noqa: E402
+import services  # noqa: E402
 
 
 class Reaper(unittest.TestCase):
@@ -67,6 +72,89 @@ class Reaper(unittest.TestCase):
         m = self.gw.req("GET", "/metrics", key=gwlib.ADMIN_KEY).raw
         self.assertIn('osr_sandboxes{state="running"} 1', m)
         self.assertIn('osr_reaper_actions_total{action="lost"} 1', m)
+
+
+def rfc3339(t):
+    """'2026-11-30T15:22:24.015Z' -> unix seconds."""
+    return calendar.timegm(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) + int(t[20:23]) / 1000.0
+
+
+class ReaperRace(unittest.TestCase):
+    """The reaper's TTL update is a compare-and-set on the row as it read
+    it. The race, made deterministic: osr-sim is frozen (SIGSTOP) between
+    two reaper passes, so the next pass reads the expired row and then
+    waits on its destroy call; meanwhile the owner extends the timeout (a
+    store write, no provider call). When the sim thaws, the destroy
+    completes and the reaper's write must lose: without the condition it
+    overwrote the extension with ended/ttl and audited a reap.ttl the row
+    no longer supported. With it the row keeps the owner's change, and as
+    the resource really is gone, reconciliation marks it lost later.
+
+    Pass boundaries come from the gateway's debug log: each pass ends with
+    one provider listing (an HTTP/2 stream to the sim), so a "stream N
+    closed" line after the create means a pass just ended and the next one
+    starts about PASS_MS later."""
+    STORE = None
+    PASS_MS = 1000
+
+    def setUp(self):
+        self.pg = services.PgServer() if self.STORE == "pg" else None
+        self.sim = gwlib.Sim("--latency-ms", "5")
+        self.gw = gwlib.Gateway([{"name": "sim", "type": "sim", "url": self.sim.url}],
+                                store=self.pg.url if self.pg else None,
+                                cfg={"reaper": {"interval_ms": self.PASS_MS}},
+                                env={"OSR_LOG_LEVEL": "debug"})
+        self.key = self.gw.new_key("acme")
+        self.frozen = False
+
+    def tearDown(self):
+        if self.frozen:
+            os.kill(self.sim.proc.p.pid, signal.SIGCONT)
+        self.gw.close()
+        self.sim.close()
+        if self.pg:
+            self.pg.close()
+
+    def pass_ends(self, after_len):
+        """Timestamps of provider streams closed in the log after offset after_len."""
+        text = self.gw.proc.stderr_text()[after_len:]
+        return [rfc3339(m.group(1)) for m in
+                re.finditer(r"^(\S+Z) debug \[http2\] stream \d+ closed", text, re.M)]
+
+    def test_extension_during_reap_is_not_overwritten(self):
+        s = self.gw.create(self.key, {"timeoutSeconds": 2}).json
+        sid = s["id"]
+        mark = len(self.gw.proc.stderr_text())
+        exp = rfc3339(s["expiresAt"])
+        # The last pass to end before the expiry with the next one starting
+        # after it: freeze the sim right then.
+        end = time.time() + 10
+        while time.time() < end:
+            if [t for t in self.pass_ends(mark) if t > exp - self.PASS_MS / 1000.0 + 0.05]:
+                break
+            time.sleep(0.005)
+        os.kill(self.sim.proc.p.pid, signal.SIGSTOP)
+        self.frozen = True
+        # The next pass reads the expired row and hangs in destroy.
+        time.sleep(max(0.0, exp - time.time()) + self.PASS_MS / 1000.0 + 0.5)
+        r = self.gw.req("POST", "/v1/sandboxes/%s/timeout" % sid, {"timeoutSeconds": 600}, key=self.key)
+        self.assertEqual(r.status, 200, r.json)
+        self.assertEqual(r.json["state"], "running")
+        os.kill(self.sim.proc.p.pid, signal.SIGCONT)
+        self.frozen = False
+        self.gw.wait(lambda: sid not in {x["sandbox_id"] for x in self.sim.resources()},
+                     timeout=15, what="the reaper's destroy")
+        g = self.gw.wait(lambda: (lambda j: j if j["state"] != "running" else None)(
+            self.gw.req("GET", "/v1/sandboxes/" + sid, key=self.key).json), timeout=15,
+            what="the binding to leave running")
+        self.assertEqual((g["state"], g["endReason"]), ("lost", "lost"), g)
+        items = self.gw.req("GET", "/v1/audit", key=self.key).json["items"]
+        ttl = [e for e in items if e["action"] == "reap.ttl" and e.get("sandboxId") == sid]
+        self.assertEqual([e for e in ttl if e["outcome"] == "ok"], [], items)
+
+
+class ReaperRacePg(ReaperRace):
+    STORE = "pg"
 
 
 if __name__ == "__main__":
