@@ -44,6 +44,7 @@
  * the WAL (~10 MB with 1 KiB pages, ~40 MB with 4 KiB) should the
  * checkpointer fall behind. */
 #define CKPT_TICK_MS 50
+#define SLOTS_MAX 32
 #define CONNECT_RETRY_MS 20
 #define WRITER_CHECKPOINT_PAGES 10000
 #define JOURNAL_SIZE_LIMIT (64 * 1024 * 1024)
@@ -68,6 +69,13 @@ typedef struct sqlite_db_s {
   osr_store_t *st;
   sqlite3 *h;
   sqlite3_stmt *cache[OSR__ST_COUNT];
+  /* Which argument each parameter slot of a cached statement takes
+   * (slot_arg[stmt][j - 1] = N for "$N", 0 for a slot that is not ours);
+   * slot_n[stmt] = the statement's slot count, or -1 when it has more than
+   * SLOTS_MAX (then bind_args reads the names each time). Built once, when
+   * the statement is prepared. */
+  int16_t slot_arg[OSR__ST_COUNT][SLOTS_MAX];
+  int16_t slot_n[OSR__ST_COUNT];
   sqlite3_stmt *cur;      /* statement being read by row_next */
   int cur_dynamic;        /* finalize cur at query_end */
   ckpt_t ckpt;
@@ -329,6 +337,31 @@ static int sq_connect(osr__db_t *db)
   return 0;
 }
 
+/* The argument number parameter slot j of `s` takes: N for "$N", else 0
+ * (not one of ours: stays NULL, as an unbound parameter). */
+static int slot_arg(sqlite3_stmt *s, int j)
+{
+  const char *name = sqlite3_bind_parameter_name(s, j);
+  int n = 0;
+  if (name == NULL || name[0] != '$')
+    return 0;
+  for (name++; *name >= '0' && *name <= '9' && n < 1000; name++)
+    n = n * 10 + (*name - '0');
+  return *name == '\0' ? n : 0;
+}
+
+static void map_slots(sqlite_db_t *d, int stmt)
+{
+  int j, count = sqlite3_bind_parameter_count(d->cache[stmt]);
+  if (count > SLOTS_MAX) {
+    d->slot_n[stmt] = -1;
+    return;
+  }
+  for (j = 1; j <= count; j++)
+    d->slot_arg[stmt][j - 1] = (int16_t)slot_arg(d->cache[stmt], j);
+  d->slot_n[stmt] = (int16_t)count;
+}
+
 static int prepare(sqlite_db_t *d, int stmt, const char *sql, sqlite3_stmt **out)
 {
   int rc;
@@ -339,6 +372,7 @@ static int prepare(sqlite_db_t *d, int stmt, const char *sql, sqlite3_stmt **out
       rc = sqlite3_prepare_v3(d->h, text, -1, SQLITE_PREPARE_PERSISTENT, &d->cache[stmt], NULL);
       if (rc != SQLITE_OK)
         return map_err(d, rc, "prepare");
+      map_slots(d, stmt);
     }
     *out = d->cache[stmt];
     return 0;
@@ -353,20 +387,19 @@ static int prepare(sqlite_db_t *d, int stmt, const char *sql, sqlite3_stmt **out
  * slot's name ("$N") says which argument it takes, and a name repeated in
  * the text shares one slot. Looking names up the other way round (format
  * "$N", then sqlite3_bind_parameter_index) cost a snprintf and a string
- * search per argument, ~30,000 instructions per create on the store thread. */
-static int bind_args(sqlite_db_t *d, sqlite3_stmt *s, const osr__sql_arg_t *args, int nargs)
+ * search per argument, ~30,000 instructions per create on the store thread;
+ * reading the names at every bind still cost ~8,000, so cached statements
+ * use the map made when they were prepared (`stmt` < 0: a dynamic one). */
+static int bind_args(sqlite_db_t *d, int stmt, sqlite3_stmt *s, const osr__sql_arg_t *args,
+                     int nargs)
 {
-  int j, n, rc, count = sqlite3_bind_parameter_count(s);
+  int j, n, rc, mapped = stmt >= 0 && d->slot_n[stmt] >= 0;
+  int count = mapped ? d->slot_n[stmt] : sqlite3_bind_parameter_count(s);
 
   for (j = 1; j <= count; j++) {
-    const char *name = sqlite3_bind_parameter_name(s, j);
     const osr__sql_arg_t *a;
-    if (name == NULL || name[0] != '$')
-      continue;
-    n = 0;
-    for (name++; *name >= '0' && *name <= '9' && n < 1000; name++)
-      n = n * 10 + (*name - '0');
-    if (*name != '\0' || n < 1 || n > nargs)
+    n = mapped ? d->slot_arg[stmt][j - 1] : slot_arg(s, j);
+    if (n < 1 || n > nargs)
       continue; /* not one of ours: stays NULL, as an unbound parameter */
     a = &args[n - 1];
     if (a->is_int)
@@ -404,7 +437,7 @@ static int sq_exec(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_
   rv = prepare(d, stmt, sql, &s);
   if (rv != 0)
     return rv;
-  rv = bind_args(d, s, args, nargs);
+  rv = bind_args(d, stmt, s, args, nargs);
   if (rv == 0) {
     /* Statements that return rows (pragmas) are stepped to the end. */
     while ((rc = sqlite3_step(s)) == SQLITE_ROW)
@@ -432,7 +465,7 @@ static int sq_query(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg
     return rv;
   d->cur = s;
   d->cur_dynamic = stmt < 0;
-  return bind_args(d, s, args, nargs);
+  return bind_args(d, stmt, s, args, nargs);
 }
 
 static int sq_row_next(osr__db_t *db)
