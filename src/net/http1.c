@@ -63,6 +63,7 @@
 #define HEAD_INLINE 320
 /* Requests whose struct, header array and strings fit in this many bytes
  * share one block size, so a connection can reuse its last one. */
+#define ERRBUF_SIZE 192 /* an error response head: status, reason, date */
 #define REQ_BLOCK 4096 /* = osr_block_size(OSR_BLOCK_4K) */
 
 static const char H2_PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -130,7 +131,7 @@ struct h1conn_s {
   int closing;
   int close_status;     /* why, for on_done */
   int peer_eof;
-  char errbuf[192];
+  char *errbuf;         /* our error response (allocated when one is sent) */
   char peer[64];
 };
 
@@ -264,7 +265,9 @@ static void conn_fail(h1conn_t *c, int status, int err)
   uv_timer_stop(&c->timer);
   c->timer_mode = TIMER_NONE;
   osr_sock_read_stop(c->sock);
-  int n = snprintf(c->errbuf, sizeof(c->errbuf),
+  if (c->errbuf == NULL)
+    c->errbuf = osr_xmalloc(ERRBUF_SIZE); /* rare: not carried by every connection */
+  int n = snprintf(c->errbuf, ERRBUF_SIZE,
                    "HTTP/1.1 %d %s\r\ndate: %s\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
                    status, osr_http_reason(status), http_date());
   osr_iovec_t iov = osr_iov(c->errbuf, (size_t)n);
@@ -335,6 +338,7 @@ static void on_timer_closed(uv_handle_t *h)
 {
   h1conn_t *c = h->data;
   osr__h1p_dispose(&c->p);
+  osr_free(c->errbuf);
   osr_free(c);
 }
 

@@ -478,11 +478,7 @@ static void on_uv_write(uv_write_t *req, int status)
   /* Writes that completed at once were issued before this one. */
   wdone_run(s);
   s->_write_queue -= wr->bytes;
-  /* Free the request first: the callback usually writes again. */
-  if (wr == &s->_wr_inline)
-    s->_wr_inline_busy = 0;
-  else
-    osr_free(wr);
+  osr_free(wr); /* first: the callback usually writes again */
   if (status == 0)
     touch(s);
   if (cb != NULL) {
@@ -536,13 +532,9 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
     /* Errors (EPIPE, ...) are reported the usual way, by uv_write. */
   }
 
-  write_req_t *wr;
-  if (!s->_wr_inline_busy) {
-    wr = &s->_wr_inline;
-    s->_wr_inline_busy = 1;
-  } else {
-    wr = osr_xmalloc(sizeof(*wr));
-  }
+  /* Only writes the kernel did not take whole get here (bulk transfers, a
+   * full socket buffer), so a socket does not carry a request of its own. */
+  write_req_t *wr = osr_xmalloc(sizeof(*wr));
   wr->sock = s;
   wr->cb = cb;
   wr->arg = arg;
@@ -552,10 +544,7 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
   if (rest != NULL && rest != rest_inline)
     osr_free(rest);
   if (rv != 0) {
-    if (wr == &s->_wr_inline)
-      s->_wr_inline_busy = 0;
-    else
-      osr_free(wr);
+    osr_free(wr);
     return rv;
   }
   s->_write_queue += wr->bytes;

@@ -76,7 +76,7 @@ enum {
   OSR_SOCK_F_DRAINING = 1u << 7,
 };
 
-/* One queued write (private to sock.c; here so a socket can embed one). */
+/* One queued write (private to sock.c). */
 typedef struct osr__sock_wreq_s {
   uv_write_t req;
   osr_sock_t *sock;
@@ -104,10 +104,6 @@ struct osr_sock_s {
   uv_idle_t _kick;            /* deferred delivery of buffered input */
   uint64_t _idle_timeout_ms;
   uint64_t _last_active;       /* loop time of the last read or write (idle timer) */
-  /* The common case is one write in flight (request/response): it uses this
-   * request instead of an allocation. */
-  osr__sock_wreq_t _wr_inline;
-  int _wr_inline_busy;
   int _pending_err;           /* EOF/error read while the owner paused reading */
   /* Writes the kernel took whole at once (uv_try_write): their callbacks
    * run from _kick on the next loop turn, in order, never from inside
