@@ -937,7 +937,11 @@ static int start_simple(osr_provider_t *p, int kind, const char *provider_id, vo
     break;
   case OP_PAUSE:
     set_target(op, "POST", "/sandboxes/", provider_id, "/pause");
-    op->body = json_dumps(json_object(), JSON_COMPACT); /* NULL: sent without a body */
+    {
+      json_t *jb = json_object(); /* E2B wants a JSON body; NULL: sent without one */
+      op->body = jb != NULL ? json_dumps(jb, JSON_COMPACT) : NULL;
+      json_decref(jb);
+    }
     break;
   case OP_RESUME:
     set_target(op, "POST", "/sandboxes/", provider_id, "/connect");
