@@ -12,7 +12,7 @@
  *   envd traffic goes instead of https://<port>-<id>.<domain>, like the
  *   SDK's E2B_SANDBOX_URL), templates ({osr template: E2B templateID},
  *   identity by default), regions ([]), prices, vcpus (2), memory_mib (512),
- *   expected_create_ms (500), timeout_ms (60000).
+ *   expected_create_ms (500), timeout_ms (60000), sandbox_timeout_s (0).
  *
  * The provider's per-sandbox credential. E2B's create answers with an
  * envdAccessToken (and maybe a trafficAccessToken) that envd and E2B's port
@@ -114,6 +114,7 @@ struct e2b_s {
   double price_vcpu, price_gib, price_create, expected_ms;
   uint32_t vcpus, memory_mib;
   uint64_t timeout_ms;
+  uint32_t sandbox_timeout_s; /* E2B-side lifetime at create/resume; 0 = OSR's TTL / 300 s */
   osr_tls_ctx_t *tls;
   /* ops */
   e2b_op_t *ops_head, *ops_tail;
@@ -343,6 +344,10 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
     } else if (strcmp(key, "expected_create_ms") == 0) {
       if (num_in(v, 0, 3600e3, &e->expected_ms))
         return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+    } else if (strcmp(key, "sandbox_timeout_s") == 0) {
+      if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 2592000)
+        return cfg_err(err, errlen, key, "must be a number of seconds from 0 to 2592000");
+      e->sandbox_timeout_s = (uint32_t)json_integer_value(v);
     } else if (strcmp(key, "timeout_ms") == 0) {
       if (num_in(v, 1, 3600e3, &d))
         return cfg_err(err, errlen, key, "must be a number of milliseconds from 1 to 3600000");
@@ -947,7 +952,8 @@ static int start_simple(osr_provider_t *p, int kind, const char *provider_id, vo
     set_target(op, "POST", "/sandboxes/", provider_id, "/connect");
     /* connect resumes a paused sandbox; E2B requires a timeout here. */
     {
-      json_t *jb = json_pack("{s:i}", "timeout", 300);
+      json_t *jb = json_pack("{s:I}", "timeout",
+                             (json_int_t)(e->sandbox_timeout_s ? e->sandbox_timeout_s : 300));
       op->body = jb != NULL ? json_dumps(jb, JSON_COMPACT) : NULL;
       json_decref(jb);
     }
@@ -1017,9 +1023,17 @@ static int e2b_create(osr_provider_t *p, const osr_sandbox_spec_t *spec, osr_pro
   json_object_set_new(meta, OSR_LABEL_SANDBOX_ID, json_string(spec->sandbox_id));
   json_object_set_new(meta, OSR_LABEL_TENANT, json_string(op->tenant));
   json_object_set_new(meta, E2B_MANAGED, json_string("true"));
-  json_t *b = json_pack("{s:s,s:I,s:o,s:b,s:b}", "templateID", mapped != NULL ? mapped : tpl,
-                        "timeout", (json_int_t)(spec->timeout_s > 0 ? spec->timeout_s : 300),
-                        "metadata", meta, "secure", 1, "allow_internet_access", 1);
+  /* E2B kills a sandbox at its own timeout, which OSR cannot move later
+   * (the adapter interface has no timeout operation): sandbox_timeout_s
+   * lets an operator give E2B a longer lifetime than the OSR TTL, so an
+   * OSR setTimeout/connect extension holds; OSR's reaper still ends the
+   * sandbox at OSR's deadline. */
+  uint32_t ttl = spec->timeout_s > 0 ? spec->timeout_s : 300;
+  if (e->sandbox_timeout_s > ttl)
+    ttl = e->sandbox_timeout_s;
+  json_t *b =
+      json_pack("{s:s,s:I,s:o,s:b,s:b}", "templateID", mapped != NULL ? mapped : tpl, "timeout",
+                (json_int_t)ttl, "metadata", meta, "secure", 1, "allow_internet_access", 1);
   if (b != NULL && json_is_object(spec->env) && json_object_size(spec->env) > 0)
     json_object_set_new(b, "envVars", json_deep_copy(spec->env));
   op->body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;

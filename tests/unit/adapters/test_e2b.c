@@ -548,10 +548,15 @@ static void test_sandbox_url(void **state)
 {
   (void)state;
   fake_start();
-  osr_provider_t *p = e2b_ok("\"sandbox_url\": \"https://127.0.0.1:9443/\"");
-  res_t c;
+  osr_provider_t *p =
+      e2b_ok("\"sandbox_url\": \"https://127.0.0.1:9443/\", \"sandbox_timeout_s\": 3600");
+  res_t c, rs;
   create_sync(p, "osrsbx0000000000000u", &c);
   assert_int_equal(c.status, 0);
+  /* E2B's lifetime: sandbox_timeout_s when longer than the OSR TTL (120). */
+  assert_int_equal(json_integer_value(json_object_get(fake.last_create, "timeout")), 3600);
+  SIMPLE_SYNC(p->adapter->resume(p, "sbx1", on_create, &rs), &rs);
+  assert_int_equal(rs.status, 0);
   assert_int_equal(strncmp(c.res.agent_endpoint, "https://127.0.0.1:9443#osr-up=", 30), 0);
   char plain[OSR_UPSTREAM_PLAIN_MAX + 1];
   open_endpoint(c.res.agent_endpoint, "osrsbx0000000000000u", plain, sizeof(plain));
