@@ -17,9 +17,6 @@
 #include "util/blockpool.h"
 #include "util/mem.h"
 
-/* Header index arrays osr__h1p_trim keeps (their first allocation). */
-#define TRIM_KEEP_FIELDS 16
-
 /* Slack in the head buffer for the reason phrase of a response. */
 #define HEAD_SLACK 256
 
@@ -140,6 +137,89 @@ static int cb_status(llhttp_t *ll, const char *at, size_t len)
   return 0;
 }
 
+/* ---- the header index ----------------------------------------------------
+ * The spans (while the head grows) and the header array (built from them)
+ * of an ordinary head share one pooled 4 KiB block, taken when a head has
+ * fields and given back between messages (osr__h1p_trim): an idle
+ * connection holds no index, and a busy one does not malloc per message.
+ * A head with more fields than the block holds moves that array to the
+ * heap. */
+#define INDEX_SPANS 128 /* 2 KiB of spans, the rest for headers */
+#define INDEX_HDRS ((4096 - INDEX_SPANS * sizeof(struct osr_h1p_span_s)) / sizeof(osr_http_header_t))
+
+static int in_index(const osr_h1p_t *p, const void *a)
+{
+  const char *b = p->_index;
+  return b != NULL && (const char *)a >= b && (const char *)a < b + 4096;
+}
+
+static int index_get(osr_h1p_t *p)
+{
+  if (p->_index == NULL)
+    p->_index = osr_block_get(OSR_BLOCK_4K);
+  return p->_index != NULL ? 0 : -1;
+}
+
+static int grow_spans(osr_h1p_t *p)
+{
+  if (p->_spans == NULL) {
+    if (index_get(p) != 0)
+      return -1;
+    p->_spans = p->_index;
+    p->_spans_cap = INDEX_SPANS;
+    return 0;
+  }
+  size_t ncap = p->_spans_cap * 2;
+  if (ncap > p->_max_headers)
+    ncap = p->_max_headers;
+  if (ncap <= p->_spans_cap)
+    return -1; /* cannot happen: the field count is checked first */
+  struct osr_h1p_span_s *np = osr_try_malloc(ncap * sizeof(*np));
+  if (np == NULL)
+    return -1;
+  memcpy(np, p->_spans, p->_nspans * sizeof(*np));
+  if (!in_index(p, p->_spans))
+    osr_free(p->_spans);
+  p->_spans = np;
+  p->_spans_cap = ncap;
+  return 0;
+}
+
+static int grow_hdrs(osr_h1p_t *p)
+{
+  if (p->_hdrs == NULL && p->_nspans <= INDEX_HDRS) {
+    if (index_get(p) != 0)
+      return -1;
+    p->_hdrs = (osr_http_header_t *)(void *)((char *)p->_index + INDEX_SPANS * sizeof(*p->_spans));
+    p->_hdrs_cap = INDEX_HDRS;
+    return 0;
+  }
+  /* Rebuilt from the spans on every head: nothing to copy. */
+  osr_http_header_t *nh = osr_try_malloc(p->_nspans * sizeof(*nh));
+  if (nh == NULL)
+    return -1;
+  if (!in_index(p, p->_hdrs))
+    osr_free(p->_hdrs);
+  p->_hdrs = nh;
+  p->_hdrs_cap = p->_nspans;
+  return 0;
+}
+
+static void index_release(osr_h1p_t *p)
+{
+  if (!in_index(p, p->_spans))
+    osr_free(p->_spans);
+  if (!in_index(p, p->_hdrs))
+    osr_free(p->_hdrs);
+  osr_block_put(OSR_BLOCK_4K, p->_index);
+  p->_index = NULL;
+  p->_spans = NULL;
+  p->_hdrs = NULL;
+  p->_spans_cap = 0;
+  p->_hdrs_cap = 0;
+  p->_nspans = 0;
+}
+
 static int count_header_bytes(osr_h1p_t *p, size_t len)
 {
   p->_header_bytes += len;
@@ -157,16 +237,8 @@ static int cb_header_field(llhttp_t *ll, const char *at, size_t len)
     if (++p->_nfields > p->_max_headers)
       return fail(p, 431, OSR_ETOOLARGE);
     if (!p->_in_trailers) {
-      if (p->_nspans == p->_spans_cap) {
-        size_t ncap = p->_spans_cap == 0 ? 16 : p->_spans_cap * 2;
-        if (ncap > p->_max_headers)
-          ncap = p->_max_headers;
-        void *np = osr_try_realloc(p->_spans, ncap * sizeof(*p->_spans));
-        if (np == NULL)
-          return fail(p, 431, OSR_ENOMEM);
-        p->_spans = np;
-        p->_spans_cap = ncap;
-      }
+      if (p->_nspans == p->_spans_cap && grow_spans(p) != 0)
+        return fail(p, 431, OSR_ENOMEM);
       struct osr_h1p_span_s *sp = &p->_spans[p->_nspans++];
       sp->name_off = (uint32_t)p->head.len;
       sp->name_len = 0;
@@ -261,13 +333,8 @@ static int finish_head(osr_h1p_t *p)
   else
     p->reason = osr_iov(base, p->_url_len);
 
-  if (p->_nspans > p->_hdrs_cap) {
-    void *nh = osr_try_realloc(p->_hdrs, p->_nspans * sizeof(*p->_hdrs));
-    if (nh == NULL)
-      return fail(p, 431, OSR_ENOMEM);
-    p->_hdrs = nh;
-    p->_hdrs_cap = p->_nspans;
-  }
+  if (p->_nspans > p->_hdrs_cap && grow_hdrs(p) != 0)
+    return fail(p, 431, OSR_ENOMEM);
   size_t nhost = 0;
   const osr_iovec_t *te = NULL;
   for (size_t i = 0; i < p->_nspans; i++) {
@@ -430,11 +497,7 @@ void osr__h1p_dispose(osr_h1p_t *p)
     p->head.base = NULL;
   }
   osr_buf_dispose(&p->head);
-  osr_freep(&p->_spans);
-  osr_freep(&p->_hdrs);
-  p->_spans_cap = 0;
-  p->_hdrs_cap = 0;
-  p->_nspans = 0;
+  index_release(p);
   p->headers = NULL;
   p->num_headers = 0;
 }
@@ -448,15 +511,7 @@ void osr__h1p_trim(osr_h1p_t *p)
     p->head.base = NULL;
   }
   osr_buf_dispose(&p->head);
-  /* The index arrays of an ordinary head (16 fields: 768 bytes) stay:
-   * freeing them would cost a malloc/free pair per message. */
-  if (p->_spans_cap > TRIM_KEEP_FIELDS || p->_hdrs_cap > TRIM_KEEP_FIELDS) {
-    osr_freep(&p->_spans);
-    osr_freep(&p->_hdrs);
-    p->_spans_cap = 0;
-    p->_hdrs_cap = 0;
-  }
-  p->_nspans = 0;
+  index_release(p);
   p->headers = NULL;
   p->num_headers = 0;
   p->target = osr_iov(NULL, 0);

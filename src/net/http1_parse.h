@@ -104,6 +104,7 @@ struct osr_h1p_s {
     uint32_t name_off, name_len, value_off, value_len;
   } *_spans;
   size_t _nspans, _spans_cap;
+  void *_index;             /* pooled block holding _spans and/or _hdrs */
   osr_http_header_t *_hdrs; /* built at head complete */
   size_t _hdrs_cap;
   size_t _max_url, _max_header_bytes, _max_headers;
