@@ -2,10 +2,14 @@
 """Data plane benchmark (issue 5): the same backend through five paths, side by side.
 
   direct      client -> backend
-  dataplane   -> osr-dataplane -> osr-agent port tunnel (unix socket) -> backend
-              (the full OSR path: one hop more than the proxies)
+  dataplane   -> osr-dataplane -> backend, on the socket osr-agent connected
+              and passed over its unix socket (osr-fd, docs/agent.md): the
+              agent is out of the data path
   dp-copy     the same with OSR_SPLICE=0 (no splice(2): every relay on the
               copy path), to show what splice(2) brings
+  dp-tunnel   -> osr-dataplane -> osr-agent port tunnel (unix socket) ->
+              backend, the agent declining descriptor passing (OSR_FDPASS=0):
+              the path before osr-fd, and what gVisor sandboxes still take
   nginx       -> nginx (proxy_pass, upstream keepalive, WebSocket upgrade) -> backend
   haproxy     -> haproxy (mode http, http-reuse always) -> backend
 
@@ -354,7 +358,7 @@ def main():
     ap.add_argument("--ws-n", type=int, default=2000)
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
-    ap.add_argument("--paths", default="direct,dataplane,dp-copy,nginx,haproxy")
+    ap.add_argument("--paths", default="direct,dataplane,dp-copy,dp-tunnel,nginx,haproxy")
     ap.add_argument("--no-big", action="store_true")
     ap.add_argument("--exec-rounds", type=int, default=3,
                     help="1 GiB exec stdout rounds (0: skip)")
@@ -387,7 +391,7 @@ def main():
                 chunk = os.urandom(1 << 20)
                 for _ in range(1024):
                     f.write(chunk)
-        bport, wport, nport, hport, dport, cport = (services.free_port() for _ in range(6))
+        bport, wport, nport, hport, dport, cport, tport = (services.free_port() for _ in range(7))
         for name, conf, port in (("backend", BACKEND, bport), ("nginx", NGINX, nport)):
             path = os.path.join(d, name + ".conf")
             with open(path, "w") as f:
@@ -403,8 +407,11 @@ def main():
         subprocess.run([mint, "genkey", os.path.join(d, "keys"), "k1"], check=True,
                        stdout=subprocess.DEVNULL)
         osr = {}
-        for name, port, splice in (("dataplane", dport, "1"), ("dp-copy", cport, "0")):
-            env = dict(os.environ, OSR_SPLICE=splice)
+        for name, port, splice, fdpass in (("dataplane", dport, "1", "1"), ("dp-copy", cport, "0", "1"),
+                                           ("dp-tunnel", tport, "1", "0")):
+            if name not in want:
+                continue
+            env = dict(os.environ, OSR_SPLICE=splice, OSR_FDPASS=fdpass)
             sock = os.path.join(d, name + ".sock")
             procs.append(pinned(a.server_cpu, [agent, "--listen", "unix:" + sock, "--log-level",
                                                "warn"], env))
@@ -413,7 +420,7 @@ def main():
                                                "--keys-dir", os.path.join(d, "keys"),
                                                "--log-level", "warn"], env))
             osr[name] = (port, sock, [procs[-1].pid, ag])
-        for p in (bport, wport, nport, hport, dport, cport):
+        for p in [bport, wport, nport, hport] + [v[0] for v in osr.values()]:
             services._wait_port(p)
         for _, sock, _ in osr.values():
             for _ in range(200):

@@ -84,6 +84,19 @@ void osr__dp_error(osr_http_req_t *req, int status, const char *sid, const char 
   osr_json_free(s);
 }
 
+void osr__dp_error_typed(osr_http_req_t *req, int status, const char *sid, const char *type,
+                         const char *msg)
+{
+  json_t *j = json_pack("{s:i,s:s,s:s}", "code", status, "type", type, "message", msg);
+  if (j != NULL && sid != NULL)
+    json_object_set_new(j, "sandboxId", json_string(sid));
+  char *s = j != NULL ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  if (s == NULL || osr_http_send(req, status, "application/json", s, strlen(s)) != 0)
+    osr_http_abort(req);
+  osr_json_free(s);
+}
+
 static void refuse(osr_dataplane_t *dp, osr_http_req_t *req, int status, const char *sid,
                    const char *why)
 {

@@ -94,6 +94,8 @@ struct osr_dataplane_s {
   int keys_busy; /* a keys load/fetch is in flight */
   /* upstream connection pools by endpoint (proxy.c) */
   dp_pool_t *pools[DP_POOL_BUCKETS];
+  /* connect caps per agent endpoint, with their FIFO wait queues (proxy.c) */
+  struct dp_gate_s *gates[DP_POOL_BUCKETS];
   dp_splice_t *splices; /* live spliced tunnels (for stop) */
   struct dp_exec_s *execs; /* live exec console sessions (exec.c, for stop) */
   size_t nstreams;
@@ -115,6 +117,11 @@ struct osr_dataplane_s {
 /** Answer with a JSON error {"code":status,"message":msg} (E2B shape, with
  *  "sandboxId" when sid is non-NULL). */
 void osr__dp_error(osr_http_req_t *req, int status, const char *sid, const char *msg);
+
+/** As osr__dp_error with a machine-readable "type" member (e.g.
+ *  "upstream_busy" for the connect cap's 503). */
+void osr__dp_error_typed(osr_http_req_t *req, int status, const char *sid, const char *type,
+                         const char *msg);
 
 /** Called by proxy.c when the last stream/splice is gone while stopping. */
 void osr__dp_maybe_finish(osr_dataplane_t *dp);
@@ -155,7 +162,9 @@ void osr__dp_forward_upstream(osr_dataplane_t *dp, osr_http_req_t *req, const ch
                               uint16_t port, const char *target, const char *sid,
                               dp_tok_src_t tok_src, const dp_upstream_t *up);
 
-/** Close idle pooled connections older than `max_idle_ms` (all with 0). */
+/** Close idle pooled connections older than `max_idle_ms` (all with 0), and
+ *  answer 503 to requests that waited too long for a connect slot (all of
+ *  them with 0: stop). */
 void osr__dp_pools_sweep(osr_dataplane_t *dp, uint64_t max_idle_ms);
 
 /** Close every spliced tunnel (stop deadline). */

@@ -137,8 +137,11 @@ static void pool_put(osr_dataplane_t *dp, const char *addr, uint16_t port, int t
   p->nidle++;
 }
 
+static void gates_expire(osr_dataplane_t *dp, int all);
+
 void osr__dp_pools_sweep(osr_dataplane_t *dp, uint64_t max_idle_ms)
 {
+  gates_expire(dp, max_idle_ms == 0);
   uint64_t now = uv_now(dp->loop);
   for (size_t b = 0; b < DP_POOL_BUCKETS; b++) {
     dp_pool_t **pp = &dp->pools[b];
@@ -188,6 +191,164 @@ static void agent_token_for(osr_dataplane_t *dp, const char *addr, uint16_t port
     snprintf(p->tok_sid, sizeof(p->tok_sid), "%s", sid);
   }
   memcpy(out, p->agent_tok, sizeof(p->agent_tok));
+}
+
+/* ========================================================================== */
+/* Connect cap per agent endpoint                                              */
+
+/*
+ * A burst of requests for one sandbox (1,000 streams at once) would open as
+ * many upstream connections at once. A unix listener refuses connects
+ * beyond its backlog (511) with EAGAIN, and one that is slow to accept
+ * holds them queued and unanswered, so the cap bounds what one endpoint
+ * has "opening" at a time: a connect and, until the agent answered, its
+ * first exchange (the tunnel handshake; for envd the response head: a unix
+ * connect completes while still queued in the backlog, so completion alone
+ * says nothing about the agent having accepted it). Requests beyond the cap
+ * wait in FIFO order and are let in as slots free; the wait is bounded
+ * (DP_CONNECT_QUEUE waiters, DP_CONNECT_WAIT_MS, checked by the 1 s pool
+ * timer) and ends in 503 {"type":"upstream_busy"}. Pooled connections skip
+ * the gate: they cost the agent nothing new.
+ */
+#define DP_CONNECT_CAP     64
+#define DP_CONNECT_QUEUE   4096
+#define DP_CONNECT_WAIT_MS 5000
+
+typedef struct dp_gate_s dp_gate_t;
+typedef struct dp_waiter_s dp_waiter_t;
+
+/** Slot granted (status 0), or the wait ended (OSR_ETIMEDOUT, OSR_ECANCELED
+ *  at stop). Fires at most once per gate_enter that queued. */
+typedef void (*dp_gate_cb)(dp_waiter_t *w, int status);
+
+struct dp_waiter_s {
+  dp_waiter_t *next, *prev;
+  dp_gate_cb cb;
+  uint64_t since;
+};
+
+struct dp_gate_s {
+  dp_gate_t *next;
+  unsigned active;      /* slots in use */
+  int dispatching;      /* gate_leave's loop is running */
+  dp_waiter_t *head, *tail;
+  size_t nwait;
+  char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
+};
+
+static dp_gate_t *gate_get(osr_dataplane_t *dp, const char *addr)
+{
+  unsigned b = pool_hash(addr, 0);
+  for (dp_gate_t *g = dp->gates[b]; g != NULL; g = g->next)
+    if (strcmp(g->addr, addr) == 0)
+      return g;
+  dp_gate_t *g = osr_xcalloc(1, sizeof(*g));
+  snprintf(g->addr, sizeof(g->addr), "%s", addr);
+  g->next = dp->gates[b];
+  dp->gates[b] = g;
+  return g;
+}
+
+static void gate_maybe_free(osr_dataplane_t *dp, dp_gate_t *g)
+{
+  if (g->active != 0 || g->nwait != 0 || g->dispatching)
+    return;
+  dp_gate_t **pp = &dp->gates[pool_hash(g->addr, 0)];
+  while (*pp != g)
+    pp = &(*pp)->next;
+  *pp = g->next;
+  osr_free(g);
+}
+
+static void gate_unlink(dp_gate_t *g, dp_waiter_t *w)
+{
+  if (w->prev != NULL)
+    w->prev->next = w->next;
+  else
+    g->head = w->next;
+  if (w->next != NULL)
+    w->next->prev = w->prev;
+  else
+    g->tail = w->prev;
+  w->next = w->prev = NULL;
+  g->nwait--;
+}
+
+/* Take a slot of addr's gate: 1 = taken now, 0 = queued (cb fires later),
+ * OSR_EBUSY = the queue is full. *gp is the gate either way (for leave and
+ * cancel). */
+static int gate_enter(osr_dataplane_t *dp, const char *addr, dp_waiter_t *w, dp_gate_cb cb,
+                      dp_gate_t **gp)
+{
+  dp_gate_t *g = gate_get(dp, addr);
+  *gp = g;
+  if (g->active < DP_CONNECT_CAP && g->head == NULL) {
+    g->active++;
+    return 1;
+  }
+  if (g->nwait >= DP_CONNECT_QUEUE) {
+    gate_maybe_free(dp, g);
+    *gp = NULL;
+    return OSR_EBUSY;
+  }
+  w->cb = cb;
+  w->since = uv_now(dp->loop);
+  w->next = NULL;
+  w->prev = g->tail;
+  if (g->tail != NULL)
+    g->tail->next = w;
+  else
+    g->head = w;
+  g->tail = w;
+  g->nwait++;
+  return 0;
+}
+
+/* Give a slot back and let waiters in, oldest first. A waiter's callback
+ * may leave again at once (its connect failed synchronously): the nested
+ * call only counts, this loop goes on, so the stack stays flat. */
+static void gate_leave(osr_dataplane_t *dp, dp_gate_t *g)
+{
+  g->active--;
+  if (g->dispatching)
+    return;
+  g->dispatching = 1;
+  while (g->active < DP_CONNECT_CAP && g->head != NULL) {
+    dp_waiter_t *w = g->head;
+    gate_unlink(g, w);
+    g->active++;
+    w->cb(w, 0);
+  }
+  g->dispatching = 0;
+  gate_maybe_free(dp, g);
+}
+
+static void gate_cancel(osr_dataplane_t *dp, dp_gate_t *g, dp_waiter_t *w)
+{
+  gate_unlink(g, w);
+  gate_maybe_free(dp, g);
+}
+
+/* Waiters older than DP_CONNECT_WAIT_MS (all of them with `all`) are told
+ * OSR_ETIMEDOUT / OSR_ECANCELED. */
+static void gates_expire(osr_dataplane_t *dp, int all)
+{
+  uint64_t now = uv_now(dp->loop);
+  for (size_t b = 0; b < DP_POOL_BUCKETS; b++) {
+    dp_gate_t *g = dp->gates[b];
+    while (g != NULL) {
+      dp_gate_t *next = g->next;
+      g->dispatching = 1; /* callbacks may leave: keep g */
+      while (g->head != NULL && (all || now - g->head->since >= DP_CONNECT_WAIT_MS)) {
+        dp_waiter_t *w = g->head;
+        gate_unlink(g, w);
+        w->cb(w, all ? OSR_ECANCELED : OSR_ETIMEDOUT);
+      }
+      g->dispatching = 0;
+      gate_maybe_free(dp, g);
+      g = next;
+    }
+  }
 }
 
 /* ========================================================================== */
@@ -566,7 +727,20 @@ struct dp_stream_s {
   int end_pending; /* upstream response complete, last write in flight */
   dp_act_t *act;   /* activity entry of the sandbox (dp_activity.h), may be NULL */
   dp_upstream_t *up; /* a remote provider's sandbox (upstream.c), NULL = osr-agent */
+  /* the endpoint's connect cap (gate_*): a slot held, or a place in line */
+  dp_gate_t *gate;
+  dp_waiter_t wait;
+  int holds_slot;
+  int waiting;
 };
+
+static void stream_release_slot(dp_stream_t *st)
+{
+  if (st->holds_slot) {
+    st->holds_slot = 0;
+    gate_leave(st->dp, st->gate);
+  }
+}
 
 static void stream_acquire(dp_stream_t *st);
 
@@ -575,6 +749,7 @@ static void stream_maybe_free(dp_stream_t *st)
   if (st->req != NULL || st->creq != NULL || st->acquiring || st->creq_writing || st->resp_writing)
     return;
   osr_dataplane_t *dp = st->dp;
+  stream_release_slot(st);
   if (st->client != NULL) {
     osr_http_client_close(st->client);
     st->client = NULL;
@@ -704,8 +879,10 @@ static void creq_on_response(osr_http_creq_t *r, int status, const osr_http_head
 {
   dp_stream_t *st = data;
   (void)r;
-  if (st->req == NULL)
+  if (st->req == NULL) {
+    stream_release_slot(st);
     return;
+  }
   osr_http_header_t out[DP_RESP_HEADERS_MAX];
   size_t k = 0;
   int64_t cl = -1;
@@ -728,6 +905,7 @@ static void creq_on_response(osr_http_creq_t *r, int status, const osr_http_head
     out[k++] = h[i];
   }
   st->responded = 1;
+  stream_release_slot(st); /* the upstream has answered: it was accepted */
   osr__dp_count(st->dp, st->port == OSR_DP_ENVD_PORT ? DP_KIND_ENVD : DP_KIND_PORT, status);
   if (osr_http_respond(st->req, status, out, k, cl) != 0)
     osr_http_abort(st->req);
@@ -871,6 +1049,11 @@ static void req_on_done(osr_http_req_t *req, int status)
   (void)status;
   st->req = NULL;
   st->has_pending = 0;
+  if (st->waiting) {
+    st->waiting = 0;
+    st->acquiring = 0;
+    gate_cancel(st->dp, st->gate, &st->wait);
+  }
   /* The client is gone (or the exchange ended): an upstream request still
    * running must not deliver into freed request memory. Cancel closes the
    * upstream connection if the request is on the wire; its final on_body
@@ -963,6 +1146,7 @@ static void stream_acquired(dp_stream_t *st, osr_http_client_t *c, int status)
     return;
   }
   if (status != 0) {
+    stream_release_slot(st);
     upstream_failed(st, status);
     stream_maybe_free(st);
     return;
@@ -997,6 +1181,7 @@ static void on_client_connected(osr_http_client_t *c, int status, void *data)
 static void on_tunnel_for_stream(osr_sock_t *s, int status, int http_status, void *data)
 {
   dp_stream_t *st = data;
+  stream_release_slot(st); /* the agent answered the handshake */
   if (status != 0) {
     if (http_status > 0)
       OSR_LOG_DEBUG(MOD, "tunnel to port %u refused by the agent: HTTP %d", st->port, http_status);
@@ -1015,6 +1200,41 @@ static void on_tunnel_for_stream(osr_sock_t *s, int status, int http_status, voi
   stream_acquired(st, rv == 0 ? c : NULL, rv);
 }
 
+static void stream_connect(dp_stream_t *st);
+
+/* Too many connects to this endpoint are in flight and the wait was too
+ * long (or the line is full): a typed 503 the client can back off on. */
+static void stream_busy(dp_stream_t *st)
+{
+  st->dp->n_upstream_fail++;
+  if (st->req == NULL || st->responded)
+    return;
+  OSR_LOG_INFO(MOD, "%s: %s port %u: connect cap reached, 503", st->req->peer, st->addr, st->port);
+  st->responded = 1;
+  osr__dp_count(st->dp, st->port == OSR_DP_ENVD_PORT ? DP_KIND_ENVD : DP_KIND_PORT, 503);
+  osr__dp_error_typed(st->req, 503, st->sid, "upstream_busy",
+                      "too many connections to the sandbox are being opened; retry");
+}
+
+static void stream_gate_cb(dp_waiter_t *w, int status)
+{
+  dp_stream_t *st = osr_container_of(w, dp_stream_t, wait);
+  st->waiting = 0;
+  if (status == 0) {
+    st->holds_slot = 1;
+    if (st->req == NULL || st->dp->stopping) {
+      st->acquiring = 0;
+      stream_maybe_free(st); /* releases the slot */
+      return;
+    }
+    stream_connect(st);
+    return;
+  }
+  st->acquiring = 0;
+  stream_busy(st);
+  stream_maybe_free(st);
+}
+
 static void stream_acquire(dp_stream_t *st)
 {
   osr_dataplane_t *dp = st->dp;
@@ -1027,6 +1247,27 @@ static void stream_acquire(dp_stream_t *st)
   }
   st->from_pool = 0;
   st->acquiring = 1;
+  if (!st->holds_slot) {
+    int g = gate_enter(dp, st->addr, &st->wait, stream_gate_cb, &st->gate);
+    if (g == 0) {
+      st->waiting = 1; /* stream_gate_cb goes on */
+      return;
+    }
+    if (g < 0) {
+      st->acquiring = 0;
+      stream_busy(st);
+      stream_maybe_free(st);
+      return;
+    }
+    st->holds_slot = 1;
+  }
+  stream_connect(st);
+}
+
+/* Open a fresh upstream connection (a slot of the gate is held). */
+static void stream_connect(dp_stream_t *st)
+{
+  osr_dataplane_t *dp = st->dp;
   int rv;
   if (st->port == OSR_DP_ENVD_PORT || st->up != NULL) {
     osr_http_client_opts_t o;

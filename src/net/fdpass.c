@@ -83,9 +83,9 @@ struct osr_fdpass_recv_s {
   osr_fdpass_recv_cb cb;
   void *data;
   int dupfd;
-  int fd;       /* the descriptor received, -1 = none */
-  int in_cb;    /* the owner's callback is running */
-  int stopped;  /* osr_fdpass_recv_stop was called */
+  int fd;      /* the descriptor received, -1 = none */
+  int in_cb;   /* the owner's callback is running */
+  int stopped; /* osr_fdpass_recv_stop was called */
 };
 
 static void on_poll_closed(uv_handle_t *h)
@@ -191,8 +191,7 @@ static void on_poll(uv_poll_t *p, int status, int events)
     uv_poll_stop(&r->poll);
 }
 
-int osr_fdpass_recv_start(osr_sock_t *s, osr_fdpass_recv_cb cb, void *data,
-                          osr_fdpass_recv_t **out)
+int osr_fdpass_recv_start(osr_sock_t *s, osr_fdpass_recv_cb cb, void *data, osr_fdpass_recv_t **out)
 {
   int sfd = osr_fdpass_fileno(s);
   if (sfd < 0 || osr_sock_is_closing(s))
