@@ -484,13 +484,21 @@ static void token_signed(int status, const char *tok, const osr_token_claims_t *
 /* The create answer's token, started alongside the binding's commit; its
  * claims (expiry included) come from the binding as it is about to be
  * committed. On a failure to start, the answer carries a null token, as
- * osr__sandbox_reply would have sent. */
+ * osr__sandbox_reply would have sent. With one CPU (osr__token_sign_inline)
+ * it is signed here, on the loop thread, after the commit was queued. */
 static void start_signing(create_t *c)
 {
   osr__token_req_t tr;
   memset(&tr, 0, sizeof(tr));
   tr.scopes = OSR_SCOPE_ALL;
   tr.all_ports = 1;
+  if (osr__token_sign_inline()) {
+    char tok[OSR_TOKEN_MAX + 1];
+    c->sign_status = osr__token_mint(c->gw, &c->b, &tr, tok, sizeof(tok), &c->tok_claims);
+    if (c->sign_status == 0)
+      c->tok = osr_xstrdup(tok);
+    return;
+  }
   c->signing = 1;
   int rv = osr__token_mint_async(c->gw, &c->b, &tr, token_signed, c);
   if (rv != 0) {
@@ -567,11 +575,21 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   osr__jw_str(&w, b->provider_id);
   osr__jw_lit(&w, "}");
   size_t dlen;
-  start_signing(c);
+  /* On the thread pool the signature starts first (it runs in parallel
+   * anyway); inline, the commit is queued first so the store thread works
+   * while the loop signs. success_stored never runs inside update_audited
+   * when it returns 0 (the store's callbacks always come later). */
+  int sign_first = !osr__token_sign_inline();
+  if (sign_first)
+    start_signing(c);
   int rv = update_audited(c->gw, b, OSR_BINDING_CREATING, 0, &c->call->auth, "create", "ok",
                           osr__jw_release(&w, &dlen), success_stored, c);
-  if (rv != 0)
+  if (rv != 0) {
     success_stored(rv, c);
+    return;
+  }
+  if (!sign_first)
+    start_signing(c);
 }
 
 static void on_attempt_timeout(uv_timer_t *t)

@@ -138,6 +138,16 @@ static void mint_after(uv_work_t *w, int status)
   osr_free(j);
 }
 
+int osr__token_sign_inline(void)
+{
+  /* uv_available_parallelism honours the CPU affinity mask (taskset,
+   * cgroup cpusets show up there too). Read once: a gateway does not move. */
+  static int inline_ = -1;
+  if (inline_ < 0)
+    inline_ = uv_available_parallelism() <= 1;
+  return inline_;
+}
+
 int osr__token_mint_async(osr_gw_t *gw, const osr_binding_t *b, const osr__token_req_t *r,
                           osr__mint_cb cb, void *data)
 {
