@@ -408,6 +408,7 @@ static void on_invalidate(const char *sandbox_id, void *data)
   }
   osr_revocations_add(dp->rev, sandbox_id, now_s());
   osr__dp_endpoint_forget(dp, sandbox_id);
+  osr__dp_upstream_forget(dp, sandbox_id);
   OSR_LOG_INFO(MOD, "revoked tokens of sandbox %s", sandbox_id);
 }
 
@@ -483,6 +484,7 @@ static void dp_free(osr_dataplane_t *dp)
   osr_revocations_free(dp->rev);
   osr__dp_activity_free(dp);
   osr__dp_endpoint_free(dp);
+  osr__dp_upstream_free(dp);
   if (dp->cfg.gateway_key != NULL)
     OPENSSL_cleanse((char *)dp->cfg.gateway_key, strlen(dp->cfg.gateway_key));
   osr_token_cache_free(dp->tcache);

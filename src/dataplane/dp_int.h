@@ -105,6 +105,7 @@ struct osr_dataplane_s {
   /* activity reports, endpoint refresh, GET /metrics (dp_activity.h) */
   dp_activity_t *activity;
   dp_epcache_t *epcache;
+  struct dp_upcache_s *upcache; /* opened upstream credentials (upstream.c) */
   dp_metrics_t m;
   /* stop */
   int stopping;
@@ -141,8 +142,14 @@ typedef struct dp_upstream_s {
 
 /** If `ep` carries a sealed credential, open it with the agent token of
  *  `sid` into *up and return 1; 0 if it carries none; OSR_EINVAL if it
- *  cannot be opened (no agent secret, wrong key, tampered). */
+ *  cannot be opened (no agent secret, wrong key, tampered). Opened
+ *  credentials are memoised per (sid, sealed text): see upstream.c. */
 int osr__dp_upstream_open(osr_dataplane_t *dp, const char *ep, const char *sid, dp_upstream_t *up);
+
+/** Drop the opened credentials of `sid` (its tokens were revoked) / all
+ *  (stop). */
+void osr__dp_upstream_forget(osr_dataplane_t *dp, const char *sid);
+void osr__dp_upstream_free(osr_dataplane_t *dp);
 
 /** The connect address for `port` of an upstream sandbox: "<port>-<host>:443"
  *  in the Host form, else `addr` (an override such as E2B_SANDBOX_URL's)
