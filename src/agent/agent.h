@@ -109,6 +109,7 @@ struct agent_call_s {
   int64_t timeout_ms;  /**< Connect-Timeout-Ms, -1 if absent */
   int64_t keepalive_s; /**< Keepalive-Ping-Interval, default 90 */
   int is_stream;
+  int binary; /**< stream in the protobuf codec (application/connect+proto, procpb.h) */
   /* private */
   int _replied;
   int _done; /* on_done fired */
@@ -148,6 +149,9 @@ agent_stream_t *agent_stream_begin(agent_call_t *call, const agent_stream_events
 int agent_stream_send(agent_stream_t *st, json_t *msg);
 /** Queue one message given as JSON text (copied). Same returns. */
 int agent_stream_send_raw(agent_stream_t *st, const char *json, size_t len);
+/** Queue one message given as pieces (copied, concatenated): how binary
+ *  data events go out without first assembling them. Same returns. */
+int agent_stream_send_iov(agent_stream_t *st, const osr_iovec_t *iov, size_t n);
 /** Bytes queued and not yet written. */
 size_t agent_stream_queued(const agent_stream_t *st);
 /** Finish: end-of-stream frame with `{}` or the error. No sends after. */

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "agent/agent.h"
+#include "agent/procpb.h"
 #include "agent/ring.h"
 #include "agent/spawn.h"
 #include "util/log.h"
@@ -57,6 +58,7 @@ typedef struct sub_s {
   int end_sent;
   int is_start; /* the Start stream (gets deadline_exceeded) */
   int in_pump;  /* sub_pump is running: sends re-enter via on_writable */
+  int binary;   /* the stream uses the protobuf codec (procpb.h) */
   struct sub_s *next;
 } sub_t;
 
@@ -268,10 +270,13 @@ static void proc_update_reading(agent_proc_t *p)
   }
 }
 
-static json_t *end_event(agent_proc_t *p)
+/* The end event, in either codec. */
+static void sub_send_end(sub_t *s, agent_proc_t *p)
 {
-  json_t *end = json_object();
   char status[64];
+  int32_t code = 0;
+  int exited = 0;
+  const char *error = NULL;
   if (p->term_signal != 0) {
     const char *name = strsignal(p->term_signal);
     char sig[48];
@@ -280,19 +285,53 @@ static json_t *end_event(agent_proc_t *p)
     if (sig[0] >= 'A' && sig[0] <= 'Z')
       sig[0] = (char)(sig[0] - 'A' + 'a');
     snprintf(status, sizeof(status), "signal: %s", sig);
-    json_object_set_new(end, "exitCode", json_integer(-1));
-    json_object_set_new(end, "status", json_string(status));
-    json_object_set_new(end, "error", json_string(status));
+    code = -1;
+    error = status;
   } else {
     snprintf(status, sizeof(status), "exit status %lld", (long long)p->exit_status);
+    code = (int32_t)p->exit_status;
+    exited = 1;
     if (p->exit_status != 0)
-      json_object_set_new(end, "exitCode", json_integer(p->exit_status));
-    json_object_set_new(end, "exited", json_true());
-    json_object_set_new(end, "status", json_string(status));
-    if (p->exit_status != 0)
-      json_object_set_new(end, "error", json_string(status));
+      error = status;
   }
-  return json_pack("{s:{s:o}}", "event", "end", end);
+  if (!s->binary) {
+    /* proto3 JSON: defaults (exit code 0, exited false) are omitted. */
+    json_t *end = json_object();
+    if (code != 0)
+      json_object_set_new(end, "exitCode", json_integer(code));
+    if (exited)
+      json_object_set_new(end, "exited", json_true());
+    json_object_set_new(end, "status", json_string(status));
+    if (error != NULL)
+      json_object_set_new(end, "error", json_string(error));
+    agent_stream_send(s->st, json_pack("{s:{s:o}}", "event", "end", end));
+    return;
+  }
+  osr_buf_t b;
+  osr_buf_init(&b, 256);
+  if (osr_pb_put_end(&b, code, exited, status, error) == 0)
+    (void)agent_stream_send_raw(s->st, osr_buf_data(&b), b.len);
+  osr_buf_dispose(&b);
+}
+
+/* The start event, in either codec; Connect adds the output offset. */
+static void sub_send_start(sub_t *s, uint32_t pid, int has_offset, uint64_t off)
+{
+  if (s->binary) {
+    osr_buf_t b;
+    osr_buf_init(&b, 64);
+    if (osr_pb_put_start(&b, pid, has_offset, off) == 0)
+      (void)agent_stream_send_raw(s->st, osr_buf_data(&b), b.len);
+    osr_buf_dispose(&b);
+    return;
+  }
+  json_t *st = json_pack("{s:I}", "pid", (json_int_t)pid);
+  if (has_offset) {
+    char num[32];
+    snprintf(num, sizeof(num), "%llu", (unsigned long long)off);
+    json_object_set_new(st, "outputOffset", json_string(num));
+  }
+  agent_stream_send(s->st, json_pack("{s:{s:o}}", "event", "start", st));
 }
 
 static void sub_pump_loop(sub_t *s);
@@ -326,12 +365,25 @@ static void sub_pump_loop(sub_t *s)
       if (!p->ended)
         return;
       s->end_sent = 1;
-      agent_stream_send(s->st, end_event(p));
+      sub_send_end(s, p);
       if (s->is_start && p->timed_out)
         agent_stream_end(s->st, OSR_CX_DEADLINE_EXCEEDED, "context deadline exceeded");
       else
         agent_stream_end(s->st, 0, NULL);
       return;
+    }
+    if (s->binary) {
+      /* Raw output behind a small protobuf header: no encoding, and the
+       * ring's two slices are gathered straight into the stream queue. */
+      uint8_t hdr[OSR_PB_DATA_HDR_MAX];
+      int stream = kind == KIND_PTY ? OSR_PE_PTY : kind == KIND_STDERR ? OSR_PE_STDERR
+                                                                        : OSR_PE_STDOUT;
+      osr_iovec_t parts[3] = {osr_iov((char *)hdr, osr_pb_data_header(hdr, stream, (size_t)n)),
+                              iov[0], iov[1]};
+      s->cursor += (uint64_t)n;
+      if (agent_stream_send_iov(s->st, parts, 3) != 0)
+        return;
+      continue;
     }
     memcpy(linear, iov[0].base, iov[0].len);
     if (iov[1].len > 0)
@@ -390,6 +442,7 @@ static sub_t *sub_attach(agent_proc_t *p, agent_call_t *call, uint64_t cursor, i
   s->p = p;
   s->cursor = cursor;
   s->is_start = is_start;
+  s->binary = call->binary;
   s->st = agent_stream_begin(call, &sub_events, s, KEEPALIVE_EVENT);
   if (s->st == NULL) {
     osr_free(s);
@@ -743,8 +796,7 @@ static void start_after(uv_work_t *w, int status)
 
   sub_t *s = sub_attach(p, call, 0, 1);
   if (s != NULL)
-    agent_stream_send(s->st,
-                      json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)p->pid));
+    sub_send_start(s, p->pid, 0, 0);
   proc_update_reading(p);
   if (s != NULL)
     sub_pump(s);
@@ -821,10 +873,7 @@ void osr__agent_process_connect(agent_call_t *call)
   sub_t *s = sub_attach(p, call, off, 0);
   if (s == NULL)
     return;
-  char num[32];
-  snprintf(num, sizeof(num), "%llu", (unsigned long long)off);
-  agent_stream_send(s->st, json_pack("{s:{s:{s:I,s:s}}}", "event", "start", "pid",
-                                     (json_int_t)p->pid, "outputOffset", num));
+  sub_send_start(s, p->pid, 1, off);
   sub_pump(s);
   proc_update_reading(p);
 }

@@ -19,8 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "agent/agent.h"
+#include "agent/procpb.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -34,7 +36,8 @@ struct agent_stream_s {
   osr_buf_t inflight; /* the frames of the write in flight */
   uv_timer_t ka;      /* keepalive timer */
   uint64_t ka_ms;
-  char *keepalive; /* JSON text of the keepalive message or NULL */
+  char *keepalive; /* the keepalive message (JSON text or protobuf) or NULL */
+  size_t ka_len;
   int writing;
   int ended;       /* end-of-stream frame queued */
   int end_written; /* ... and handed to the HTTP layer with end=1 */
@@ -88,7 +91,8 @@ static int64_t header_int(const osr_http_req_t *req, const char *name, int64_t d
 
 /* ---- replies ------------------------------------------------------------------ */
 
-static void send_error_body(osr_http_req_t *req, int is_stream, osr_cx_code_t code, const char *msg)
+static void send_error_body(osr_http_req_t *req, int is_stream, int binary, osr_cx_code_t code,
+                            const char *msg)
 {
   json_t *err = json_pack("{s:s,s:s}", "code", osr_cx_code_name(code), "message", msg);
   if (is_stream) {
@@ -99,7 +103,10 @@ static void send_error_body(osr_http_req_t *req, int is_stream, osr_cx_code_t co
     char *frame = osr_xmalloc(OSR_CX_HEADER_LEN + n);
     osr_cx_frame_header((uint8_t *)frame, OSR_CX_FLAG_END_STREAM, (uint32_t)n);
     memcpy(frame + OSR_CX_HEADER_LEN, s, n);
-    osr_http_send(req, 200, "application/connect+json", frame, OSR_CX_HEADER_LEN + n);
+    /* The end-of-stream message is JSON in both codecs (Connect protocol);
+     * only the content type names the codec the client asked for. */
+    osr_http_send(req, 200, binary ? OSR_PB_CONTENT_TYPE : "application/connect+json", frame,
+                  OSR_CX_HEADER_LEN + n);
     osr_free(frame);
     osr_json_free(s);
     return;
@@ -150,10 +157,10 @@ void agent_call_error(agent_call_t *call, osr_cx_code_t code, const char *fmt, .
     agent_stream_end(call->_stream, code, msg);
     return;
   }
-  int is_stream = call->is_stream;
+  int is_stream = call->is_stream, binary = call->binary;
   osr_http_req_t *req = call_take_req(call);
   if (req != NULL)
-    send_error_body(req, is_stream, code, msg);
+    send_error_body(req, is_stream, binary, code, msg);
 }
 
 /* ---- streams ------------------------------------------------------------------ */
@@ -207,7 +214,7 @@ static void on_ka(uv_timer_t *t)
   if (st->ended || st->call->req == NULL)
     return;
   if (st->queue.len == 0 && !st->writing && st->keepalive != NULL) {
-    if (queue_frame(st, 0, st->keepalive, strlen(st->keepalive)) == 0)
+    if (queue_frame(st, 0, st->keepalive, st->ka_len) == 0)
       stream_flush(st);
   }
   uv_timer_start(&st->ka, on_ka, st->ka_ms, 0);
@@ -309,12 +316,21 @@ agent_stream_t *agent_stream_begin(agent_call_t *call, const agent_stream_events
   osr_buf_init(&st->inflight, STREAM_QUEUE_MAX);
   uv_timer_init(call->agent->loop, &st->ka);
   st->ka.data = st;
-  st->keepalive = keepalive != NULL ? osr_xstrdup(keepalive) : NULL;
+  if (keepalive != NULL && call->binary) {
+    st->ka_len = sizeof(osr_pb_keepalive);
+    st->keepalive = osr_xmalloc(st->ka_len);
+    memcpy(st->keepalive, osr_pb_keepalive, st->ka_len);
+  } else if (keepalive != NULL) {
+    st->keepalive = osr_xstrdup(keepalive);
+    st->ka_len = strlen(keepalive);
+  }
   int64_t ka = call->keepalive_s > 0 ? call->keepalive_s : 90;
   st->ka_ms = (uint64_t)ka * 1000;
   call->_stream = st;
   call->_replied = 1;
-  osr_http_header_t h = {OSR_IOV_LIT("content-type"), OSR_IOV_LIT("application/connect+json")};
+  osr_http_header_t h = {OSR_IOV_LIT("content-type"), call->binary
+                                                          ? OSR_IOV_LIT(OSR_PB_CONTENT_TYPE)
+                                                          : OSR_IOV_LIT("application/connect+json")};
   if (osr_http_respond(call->req, 200, &h, 1, -1) != 0) {
     /* No stream after all: the owner gets NULL and no callbacks; the
      * abort's on_done frees the call (already marked replied). */
@@ -351,9 +367,31 @@ int agent_stream_send(agent_stream_t *st, json_t *msg)
 
 int agent_stream_send_raw(agent_stream_t *st, const char *json, size_t len)
 {
+  osr_iovec_t iov = osr_iov(json, len);
+  return agent_stream_send_iov(st, &iov, 1);
+}
+
+int agent_stream_send_iov(agent_stream_t *st, const osr_iovec_t *iov, size_t n)
+{
   if (st->ended || st->call->req == NULL)
     return OSR_ECLOSED;
-  int rv = queue_frame(st, 0, json, len);
+  size_t len = 0;
+  for (size_t i = 0; i < n; i++)
+    len += iov[i].len;
+  osr_iovec_t tail;
+  int rv = osr_buf_reserve(&st->queue, OSR_CX_HEADER_LEN + len, &tail);
+  if (rv == 0) {
+    /* The pieces are gathered into the queue here, the one copy between
+     * the output ring and the socket (the queue is what is written). */
+    osr_cx_frame_header((uint8_t *)tail.base, 0, (uint32_t)len);
+    size_t off = OSR_CX_HEADER_LEN;
+    for (size_t i = 0; i < n; i++) {
+      if (iov[i].len > 0)
+        memcpy(tail.base + off, iov[i].base, iov[i].len);
+      off += iov[i].len;
+    }
+    osr_buf_commit(&st->queue, off);
+  }
   if (rv == 0) {
     if (st->keepalive != NULL)
       uv_timer_start(&st->ka, on_ka, st->ka_ms, 0);
@@ -454,6 +492,27 @@ static void on_full_body(osr_http_req_t *req, osr_iovec_t body, int status)
     json = msg.data;
     jlen = msg.len;
   }
+  if (call->binary) {
+    /* application/connect+proto: process.Start and Connect only, the two
+     * streams whose output is worth sending raw (procpb.h). The message
+     * becomes the JSON object the JSON codec would have carried, so the
+     * handler does not care which codec the client chose. */
+    int is_connect = m->fn == osr__agent_process_connect;
+    if (m->fn != osr__agent_process_start && !is_connect) {
+      osr_cx_parser_dispose(&p);
+      agent_call_error(call, OSR_CX_UNIMPLEMENTED, "the binary codec is only served for %s",
+                       "process.Process/Start and Connect");
+      return;
+    }
+    call->msg = osr_pb_request_to_json(json != NULL ? json : "", jlen, is_connect);
+    osr_cx_parser_dispose(&p);
+    if (call->msg == NULL) {
+      agent_call_error(call, OSR_CX_INVALID_ARGUMENT, "malformed protobuf request message");
+      return;
+    }
+    m->fn(call);
+    return;
+  }
   json_error_t jerr;
   call->msg = json_loadb(json != NULL ? json : "", jlen, JSON_REJECT_DUPLICATES, &jerr);
   osr_cx_parser_dispose(&p);
@@ -477,6 +536,13 @@ int osr__agent_rpc_dispatch(agent_t *a, osr_http_req_t *req)
   call->agent = a;
   call->req = req;
   call->is_stream = m->is_stream;
+  const osr_iovec_t *ct = osr_http_req_header(req, "content-type");
+  size_t ctl = sizeof(OSR_PB_CONTENT_TYPE) - 1;
+  /* Parameters (";...") are allowed after the media type; case does not
+   * matter (RFC 9110 8.3.1). */
+  call->binary = m->is_stream && ct != NULL && ct->len >= ctl &&
+                 strncasecmp(ct->base, OSR_PB_CONTENT_TYPE, ctl) == 0 &&
+                 (ct->len == ctl || ct->base[ctl] == ';' || ct->base[ctl] == ' ');
   call->timeout_ms = header_int(req, "connect-timeout-ms", -1);
   call->keepalive_s = header_int(req, "keepalive-ping-interval", 90);
   osr__agent_req_username(req, call->username, sizeof(call->username));

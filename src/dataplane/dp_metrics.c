@@ -5,8 +5,8 @@
  * from a fixed vocabulary (route kinds, status classes, refusal reasons),
  * so unlike the gateway there is no label escaping and no series table:
  * plain arrays in the data plane object, bumped on the loop thread without
- * locks. Only the HELP/TYPE writer would be shared with the gateway's
- * file, which is not worth a util/ module of its own.
+ * locks. The family/sample writers are shared with the gateway's file
+ * (util/prom.h).
  *
  * Series (all osr_dataplane_*):
  *   connections                          gauge, open client connections
@@ -28,6 +28,7 @@
 #include "token/token.h"
 #include "util/buf.h"
 #include "util/mem.h"
+#include "util/prom.h"
 
 #define METRICS_MAX (256u * 1024)
 
@@ -78,85 +79,53 @@ void osr__dp_count_auth(osr_dataplane_t *dp, int err)
   dp->m.auth_fail[r]++;
 }
 
-static int family(osr_buf_t *out, const char *name, const char *type, const char *help)
-{
-  return osr_buf_appendf(out, "# HELP osr_dataplane_%s %s\n# TYPE osr_dataplane_%s %s\n", name,
-                         help, name, type);
-}
+#define N(x) "osr_dataplane_" x
 
 static int render(osr_dataplane_t *dp, osr_buf_t *out)
 {
   const dp_metrics_t *m = &dp->m;
-  int rv = family(out, "connections", "gauge", "Open client connections (all listeners).");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_dataplane_connections %zu\n", osr_dataplane_nconns(dp));
-  if (rv == 0)
-    rv = family(out, "streams", "gauge", "Request streams and upgrades in progress.");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_dataplane_streams %zu\n", dp->nstreams);
-  if (rv == 0)
-    rv = family(out, "tunnels", "gauge", "Spliced (upgraded, e.g. WebSocket) tunnels open.");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_dataplane_tunnels %zu\n", dp->nsplices);
-  if (rv == 0)
-    rv = family(out, "requests_total", "counter",
-                "Requests answered, by route kind (none: no sandbox named) and status class.");
+  int rv = osr_prom_single(out, 0, N("connections"), "gauge",
+                           "Open client connections (all listeners).", osr_dataplane_nconns(dp));
+  rv = osr_prom_single(out, rv, N("streams"), "gauge", "Request streams and upgrades in progress.",
+                       dp->nstreams);
+  rv = osr_prom_single(out, rv, N("tunnels"), "gauge",
+                       "Spliced (upgraded, e.g. WebSocket) tunnels open.", dp->nsplices);
+  rv = osr_prom_family(out, rv, N("requests_total"), "counter",
+                       "Requests answered, by route kind (none: no sandbox named) and status class.");
   for (int k = 0; k < DP_KIND_N && rv == 0; k++)
     for (int c = 0; c < 6 && rv == 0; c++)
       if (m->requests[k][c] != 0)
-        rv = osr_buf_appendf(out, "osr_dataplane_requests_total{kind=\"%s\",class=\"%s\"} %llu\n",
+        rv = osr_buf_appendf(out, N("requests_total") "{kind=\"%s\",class=\"%s\"} %llu\n",
                              kind_names[k], class_names[c], (unsigned long long)m->requests[k][c]);
-  if (rv == 0)
-    rv = family(out, "auth_failures_total", "counter", "Requests refused 401/403, by reason.");
+  rv = osr_prom_family(out, rv, N("auth_failures_total"), "counter",
+                       "Requests refused 401/403, by reason.");
   for (int r = 0; r < DP_AUTH_N && rv == 0; r++)
-    rv = osr_buf_appendf(out, "osr_dataplane_auth_failures_total{reason=\"%s\"} %llu\n",
-                         auth_names[r], (unsigned long long)m->auth_fail[r]);
-  if (rv == 0)
-    rv = family(out, "upstream_errors_total", "counter",
-                "Agent connects, port tunnels and upstream exchanges that failed.");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_dataplane_upstream_errors_total %llu\n",
-                         (unsigned long long)dp->n_upstream_fail);
-  if (rv == 0)
-    rv = family(out, "bytes_in_total", "counter",
-                "Request body bytes forwarded to sandboxes (not counting spliced tunnels).");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_dataplane_bytes_in_total %llu\n",
-                         (unsigned long long)m->bytes_in);
-  if (rv == 0)
-    rv = family(out, "bytes_out_total", "counter",
-                "Response body bytes forwarded to clients (not counting spliced tunnels).");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_dataplane_bytes_out_total %llu\n",
-                         (unsigned long long)m->bytes_out);
-  if (rv == 0)
-    rv = family(out, "activity_reports_total", "counter",
-                "Activity batches sent to the gateway (ok, failed: retried next interval) and "
-                "sandboxes left unreported because the activity table was full (dropped).");
-  if (rv == 0)
-    rv = osr_buf_appendf(out,
-                         "osr_dataplane_activity_reports_total{result=\"ok\"} %llu\n"
-                         "osr_dataplane_activity_reports_total{result=\"failed\"} %llu\n"
-                         "osr_dataplane_activity_reports_total{result=\"dropped\"} %llu\n",
-                         (unsigned long long)m->act_reports, (unsigned long long)m->act_failed,
-                         (unsigned long long)m->act_dropped);
-  if (rv == 0)
-    rv = family(out, "activity_sandboxes_total", "counter",
-                "Per-sandbox activity reports put into batches.");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_dataplane_activity_sandboxes_total %llu\n",
-                         (unsigned long long)m->act_sandboxes);
-  if (rv == 0)
-    rv = family(out, "endpoint_lookups_total", "counter",
-                "Agent endpoint refresh: Redis binding-cache reads (ok, failed) and requests "
-                "served from the in-process cache (cached).");
-  if (rv == 0)
-    rv = osr_buf_appendf(out,
-                         "osr_dataplane_endpoint_lookups_total{result=\"ok\"} %llu\n"
-                         "osr_dataplane_endpoint_lookups_total{result=\"failed\"} %llu\n"
-                         "osr_dataplane_endpoint_lookups_total{result=\"cached\"} %llu\n",
-                         (unsigned long long)m->ep_lookups, (unsigned long long)m->ep_lookup_fail,
-                         (unsigned long long)m->ep_from_cache);
+    rv = osr_buf_appendf(out, N("auth_failures_total") "{reason=\"%s\"} %llu\n", auth_names[r],
+                         (unsigned long long)m->auth_fail[r]);
+  rv = osr_prom_single(out, rv, N("upstream_errors_total"), "counter",
+                       "Agent connects, port tunnels and upstream exchanges that failed.",
+                       dp->n_upstream_fail);
+  rv = osr_prom_single(out, rv, N("bytes_in_total"), "counter",
+                       "Request body bytes forwarded to sandboxes (not counting spliced tunnels).",
+                       m->bytes_in);
+  rv = osr_prom_single(out, rv, N("bytes_out_total"), "counter",
+                       "Response body bytes forwarded to clients (not counting spliced tunnels).",
+                       m->bytes_out);
+  rv = osr_prom_family(out, rv, N("activity_reports_total"), "counter",
+                       "Activity batches sent to the gateway (ok, failed: retried next interval) "
+                       "and sandboxes left unreported because the activity table was full "
+                       "(dropped).");
+  rv = osr_prom_u64(out, rv, N("activity_reports_total") "{result=\"ok\"}", m->act_reports);
+  rv = osr_prom_u64(out, rv, N("activity_reports_total") "{result=\"failed\"}", m->act_failed);
+  rv = osr_prom_u64(out, rv, N("activity_reports_total") "{result=\"dropped\"}", m->act_dropped);
+  rv = osr_prom_single(out, rv, N("activity_sandboxes_total"), "counter",
+                       "Per-sandbox activity reports put into batches.", m->act_sandboxes);
+  rv = osr_prom_family(out, rv, N("endpoint_lookups_total"), "counter",
+                       "Agent endpoint refresh: Redis binding-cache reads (ok, failed) and "
+                       "requests served from the in-process cache (cached).");
+  rv = osr_prom_u64(out, rv, N("endpoint_lookups_total") "{result=\"ok\"}", m->ep_lookups);
+  rv = osr_prom_u64(out, rv, N("endpoint_lookups_total") "{result=\"failed\"}", m->ep_lookup_fail);
+  rv = osr_prom_u64(out, rv, N("endpoint_lookups_total") "{result=\"cached\"}", m->ep_from_cache);
   return rv;
 }
 

@@ -18,6 +18,7 @@
 #include "store/store.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/prom.h"
 
 /* Seconds. Covers sub-millisecond API answers up to provider creates that
  * take tens of seconds (a cold VM or a Kubernetes pod). */
@@ -230,26 +231,18 @@ void osr_metrics_sandboxes(osr_metrics_t *m, const uint64_t *by_state, size_t n)
 
 #define put_lit(out, s) osr_buf_append((out), (s), sizeof(s) - 1)
 
-/* Label values escape backslash, double quote and newline (format 0.0.4). */
+/* Label values escape backslash, double quote and newline (util/prom.h). */
 static int put_label(osr_buf_t *out, const char *v)
 {
-  int rv = 0;
-  for (const char *p = v; *p != '\0' && rv == 0; p++) {
-    if (*p == '\\')
-      rv = put_lit(out, "\\\\");
-    else if (*p == '"')
-      rv = put_lit(out, "\\\"");
-    else if (*p == '\n')
-      rv = put_lit(out, "\\n");
-    else
-      rv = osr_buf_append(out, p, 1);
-  }
-  return rv;
+  return osr_prom_label(out, 0, v);
 }
 
+/* HELP and TYPE of the family osr_<name>. */
 static int family(osr_buf_t *out, const char *name, const char *type, const char *help)
 {
-  return osr_buf_appendf(out, "# HELP osr_%s %s\n# TYPE osr_%s %s\n", name, help, name, type);
+  char full[128];
+  snprintf(full, sizeof(full), "osr_%s", name);
+  return osr_prom_family(out, 0, full, type, help);
 }
 
 /* `labels` is the already-rendered label list without braces ("" = none);
@@ -358,12 +351,8 @@ int osr_metrics_render(osr_metrics_t *m, osr_gw_t *gw, osr_buf_t *out)
     if (rv == 0)
       rv = osr_buf_appendf(out, "\"} %llu\n", (unsigned long long)s->n);
   }
-  if (rv == 0)
-    rv = family(out, "create_failovers_total", "counter",
-                "Creates that needed more than one provider.");
-  if (rv == 0)
-    rv =
-        osr_buf_appendf(out, "osr_create_failovers_total %llu\n", (unsigned long long)m->failovers);
+  rv = osr_prom_single(out, rv, "osr_create_failovers_total", "counter",
+                       "Creates that needed more than one provider.", m->failovers);
   if (rv == 0)
     rv = family(out, "create_duration_seconds", "histogram",
                 "Sandbox create latency end to end, as the client sees it.");
@@ -392,12 +381,10 @@ int osr_metrics_render(osr_metrics_t *m, osr_gw_t *gw, osr_buf_t *out)
   if (rv == 0 && gw != NULL && gw->redis != NULL)
     rv = osr_buf_appendf(out, "osr_redis_latency_seconds %.9g\n",
                          (double)osr_redis_last_latency_us(gw->redis) / 1e6);
-  if (rv == 0)
-    rv = family(out, "redis_up", "gauge",
-                "1 while the Redis command connection is up (0 when down or not configured).");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_redis_up %d\n",
-                         gw != NULL && gw->redis != NULL && osr_redis_is_connected(gw->redis));
+  rv = osr_prom_single(
+      out, rv, "osr_redis_up", "gauge",
+      "1 while the Redis command connection is up (0 when down or not configured).",
+      (uint64_t)(gw != NULL && gw->redis != NULL && osr_redis_is_connected(gw->redis)));
 
   if (rv == 0)
     rv = family(out, "reaper_actions_total", "counter",
@@ -409,12 +396,8 @@ int osr_metrics_render(osr_metrics_t *m, osr_gw_t *gw, osr_buf_t *out)
     if (rv == 0)
       rv = osr_buf_appendf(out, "\"} %llu\n", (unsigned long long)m->reaper[i].n);
   }
-  if (rv == 0)
-    rv = family(out, "audit_failures_total", "counter",
-                "Audit events that could not be written to the store.");
-  if (rv == 0)
-    rv = osr_buf_appendf(out, "osr_audit_failures_total %llu\n",
-                         (unsigned long long)m->audit_failures);
+  rv = osr_prom_single(out, rv, "osr_audit_failures_total", "counter",
+                       "Audit events that could not be written to the store.", m->audit_failures);
   osr_buf_dispose(&tmp);
   return rv;
 }
