@@ -7,6 +7,12 @@ a burst of concurrent creates. Reports median, p95, p99 and success rate.
   bench/tti_bench.py --build build-release [--classes container,gvisor]
                      [-n 100] [--burst 100] [--warm N] [--repeat R]
                      [--client-cpu C]
+  bench/tti_bench.py --build B --classes gvisor --exec-ab AGENT1,AGENT2 -n 60
+
+--exec-ab compares osr-agent binaries on the exec path alone: one running
+sandbox per agent (same driver and adapter), then n rounds of `echo ready`
+(Start -> first byte) against each in turn; interleaving keeps the machine's
+load out of the comparison. It prints p50, p25 and min per agent.
 
 With --repeat R every (class, pool, run) is measured R times, interleaved
 (all classes and modes once, then again), and the table reports the median
@@ -127,6 +133,53 @@ def wait_pool(state, cls, want, timeout=120):
     return False
 
 
+def exec_ab(T, cls, agents, n):
+    ds, sbs = [], []
+    try:
+        for ag in agents:
+            st = tempfile.mkdtemp(prefix="osr-tti-ab-", dir="/tmp")
+            os.chmod(st, 0o711)
+            d = T.Driver(st, agent_path=os.path.abspath(ag))
+            ds.append(d)
+            tok = "tok-" + os.urandom(8).hex()
+            a = d.call("create", timeout=120, **{"class": cls, "sandbox_id": "ab-" + os.urandom(4).hex(),
+                                                 "token": tok})
+            if a["status"] != "ok":
+                raise RuntimeError("create with %s: %s" % (ag, a))
+            sbs.append((d, T.Sandbox(a["resource"], tok), a["resource"]["provider_id"]))
+        res = [[] for _ in agents]
+        load0 = loadavg()
+        for _ in range(n):
+            for k, (_, sb, _) in enumerate(sbs):
+                t0 = time.perf_counter()
+                if first_byte(sb):
+                    res[k].append((time.perf_counter() - t0) * 1000.0)
+                time.sleep(0.02)
+        load = (load0 + loadavg()) / 2
+        print("| class | agent | n ok | p50 ms | p25 ms | min ms | load |")
+        print("|---|---|---|---|---|---|---|")
+        for ag, r in zip(agents, res):
+            r.sort()
+            print("| %s | %s | %d/%d | %.2f | %.2f | %.2f | %.1f |" % (
+                cls, ag, len(r), n, statistics.median(r) if r else float("nan"),
+                r[len(r) // 4] if r else float("nan"), r[0] if r else float("nan"), load))
+    finally:
+        for d, _, pid in sbs:
+            d.call("destroy", provider_id=pid, timeout=120)
+        for d in ds:
+            d.close()
+
+
+def agent_linkage(path):
+    """'static' or 'dynamic': whether the ELF file asks for a program interpreter."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8192)
+    except OSError:
+        return "?"
+    return "dynamic" if b"/lib64/ld-linux" in head else "static"
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return float(f.read().split()[0])
@@ -196,6 +249,8 @@ def main():
     ap.add_argument("--modes", default="cold,warm", help="cold, warm or both")
     ap.add_argument("--repeat", type=int, default=1, help="measure every row this many times")
     ap.add_argument("--client-cpu", type=int, default=None, help="pin the client to this CPU")
+    ap.add_argument("--exec-ab", default=None, metavar="AGENT1,AGENT2",
+                    help="compare agent binaries on the exec path (see the top of the file)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ["OSR_LOCAL_DRIVER"] = os.path.join(build, "tests", "integration", "local", "local_driver")
@@ -208,6 +263,11 @@ def main():
             print("%s: skipped (%s)" % (cls, why), file=sys.stderr)
             continue
         classes.append(cls)
+    print("agent %s (%s)" % (os.environ["OSR_AGENT"], agent_linkage(os.environ["OSR_AGENT"])), flush=True)
+    if args.exec_ab:
+        for cls in classes:
+            exec_ab(T, cls, args.exec_ab.split(","), args.n)
+        return
     rows = {}  # (cls, mode, kind) -> [result per repetition]
     for _ in range(args.repeat):
         for cls in classes:

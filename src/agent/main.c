@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <nss.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -427,11 +428,74 @@ static void usage(FILE *f)
 {
   fprintf(f, "usage: osr-agent [--listen ADDR]... [--token-file F] [--ring-bytes N]\n"
              "                 [--max-processes N] [--workdir DIR] [--env K=V]...\n"
-             "                 [--default-user NAME]\n"
+             "                 [--default-user NAME] [--prewarm SHELL-COMMAND]\n"
              "                 [--log-level trace|debug|info|warn|error|off] [--log-json]\n"
              "       osr-agent --version\n"
              "ADDR: unix:/run/osr/agent.sock, 0.0.0.0:49983, [::1]:0 ...\n"
              "The access token comes from --token-file or $OSR_AGENT_TOKEN.\n");
+}
+
+/* ---- --prewarm ---------------------------------------------------------------------- */
+
+/* The first command a gVisor sandbox runs pays for what its sentry has not
+ * cached yet: /bin/sh, ld.so and libc looked up and mapped through the
+ * gofer, the first process stubs of the ptrace platform (~5 ms measured,
+ * bench/results/tti.md). A warm-pool sandbox pays that while it waits in
+ * the pool instead: the provider passes --prewarm, and the agent runs the
+ * command through its own spawn path once and waits for it before it
+ * listens, so the sandbox is not ready (never handed out) until then.
+ * Bounded: after PREWARM_MAX_MS the command's process group is killed. */
+#define PREWARM_MAX_MS 3000
+
+typedef struct prewarm_s {
+  agent_child_t *c;
+  uv_timer_t timer;
+  int done;
+} prewarm_t;
+
+static void on_prewarm_exit(agent_child_t *c, int64_t exit_status, int term_signal)
+{
+  prewarm_t *pw = c->data;
+  pw->c = NULL;
+  pw->done = 1;
+  OSR_LOG_DEBUG("agent", "prewarm done: status %lld signal %d", (long long)exit_status,
+                term_signal);
+}
+
+static void on_prewarm_timeout(uv_timer_t *t)
+{
+  prewarm_t *pw = t->data;
+  if (pw->c != NULL)
+    kill(-pw->c->pid, SIGKILL);
+}
+
+static void prewarm(uv_loop_t *loop, const char *cmd)
+{
+  char *argv[] = {(char *)"/bin/sh", (char *)"-c", (char *)cmd, NULL};
+  agent_spawn_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.file = "/bin/sh";
+  o.argv = argv;
+  o.env = environ;
+  o.stdio[0] = o.stdio[1] = o.stdio[2] = -1;
+  o.new_session = 1;
+  prewarm_t pw;
+  memset(&pw, 0, sizeof(pw));
+  int rv = osr__agent_spawn(loop, &o, on_prewarm_exit, &pw.c);
+  if (rv != 0) {
+    OSR_LOG_INFO("agent", "prewarm: %s", uv_strerror(rv));
+    return;
+  }
+  pw.c->data = &pw;
+  uv_timer_init(loop, &pw.timer);
+  pw.timer.data = &pw;
+  uv_timer_start(&pw.timer, on_prewarm_timeout, PREWARM_MAX_MS, 0);
+  /* Nothing else is on the loop yet: this waits for the child's SIGCHLD
+   * (after a SIGKILL at the latest). */
+  while (!pw.done)
+    uv_run(loop, UV_RUN_ONCE);
+  uv_close((uv_handle_t *)&pw.timer, NULL);
+  uv_run(loop, UV_RUN_NOWAIT);
 }
 
 static int num_arg(const char *s, uint64_t *out)
@@ -467,9 +531,18 @@ int main(int argc, char **argv)
   size_t nlisten = 0;
   const char *token_file = NULL;
   const char *default_user = NULL;
+  const char *prewarm_cmd = NULL;
   uint64_t v;
 
   memset(a, 0, sizeof(*a));
+  /* Users and groups come from the sandbox's /etc/passwd and /etc/group
+   * only: glibc's built-in "files" service, never an NSS module loaded per
+   * nsswitch.conf (libnss_systemd, sssd...). A static agent (src/meson.build)
+   * cannot dlopen those safely, and inside gVisor every extra shared object
+   * costs milliseconds of the first lookup. Host names likewise: files, dns. */
+  __nss_configure_lookup("passwd", "files");
+  __nss_configure_lookup("group", "files");
+  __nss_configure_lookup("hosts", "files dns");
   a->ring_bytes = OSR_AGENT_DEFAULT_RING;
   a->max_procs = OSR_AGENT_DEFAULT_MAX_PROCS;
   a->envs = osr_xcalloc(1, sizeof(char *));
@@ -517,6 +590,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "osr-agent: --default-user is too long\n");
         return 2;
       }
+    } else if (strcmp(o, "--prewarm") == 0) {
+      prewarm_cmd = argv[++i];
     } else if (strcmp(o, "--env") == 0) {
       const char *kv = argv[++i];
       if (strchr(kv, '=') == NULL || kv[0] == '=') {
@@ -577,6 +652,8 @@ int main(int argc, char **argv)
 
   signal(SIGPIPE, SIG_IGN);
   a->loop = uv_default_loop();
+  if (prewarm_cmd != NULL)
+    prewarm(a->loop, prewarm_cmd);
 
   osr_http_server_opts_t opts;
   memset(&opts, 0, sizeof(opts));

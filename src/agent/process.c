@@ -654,6 +654,9 @@ static void start_after(uv_work_t *w, int status)
   o.cwd = j->cwd;
   o.new_session = 1;
   o.ctty = p->is_pty;
+  /* A pty command that cannot run exits 127/126 with the reason on the
+   * terminal (what a user at a shell prompt sees), not a Start error. */
+  o.fail_in_child = p->is_pty;
   o.stdio[0] = o.stdio[1] = o.stdio[2] = -1;
   if (j->user.switch_ids) {
     o.switch_ids = 1;

@@ -76,6 +76,57 @@ static NO_SAN void child_exec_one(spawn_ctx_t *ctx, const char *file)
   }
 }
 
+/* The reason for a failed exec as the terminal shows it. A table, not
+ * strerror(): that may take the locale lock of a thread we borrowed. */
+static NO_SAN const char *child_reason(int e)
+{
+  switch (e) {
+  case ENOENT:
+    return "No such file or directory";
+  case EACCES:
+    return "Permission denied";
+  case ENOEXEC:
+    return "Exec format error";
+  case ENOTDIR:
+    return "Not a directory";
+  case ELOOP:
+    return "Too many levels of symbolic links";
+  case ENAMETOOLONG:
+    return "File name too long";
+  case E2BIG:
+    return "Argument list too long";
+  case ENOMEM:
+    return "Cannot allocate memory";
+  case ENOTTY:
+    return "Inappropriate ioctl for device";
+  default:
+    return "cannot execute";
+  }
+}
+
+static NO_SAN void child_puts(const char *s)
+{
+  size_t n = 0;
+  while (s[n] != '\0')
+    n++;
+  syscall(SYS_write, 2, s, n);
+}
+
+/* fail_in_child: report on fd 2 and exit as a shell would. */
+static NO_SAN void child_die(const char *what, const char *file, int e)
+{
+  child_puts("osr-agent: ");
+  child_puts(what);
+  if (file != NULL) {
+    child_puts(" ");
+    child_puts(file);
+  }
+  child_puts(": ");
+  child_puts(child_reason(e));
+  child_puts("\r\n");
+  syscall(SYS_exit_group, e == ENOENT ? 127 : 126);
+}
+
 static NO_SAN int child_main(void *arg)
 {
   spawn_ctx_t *ctx = arg;
@@ -112,8 +163,11 @@ static NO_SAN int child_main(void *arg)
       goto fail;
     }
   }
-  if (o->ctty && syscall(SYS_ioctl, 0, TIOCSCTTY, 0) < 0)
+  if (o->ctty && syscall(SYS_ioctl, 0, TIOCSCTTY, 0) < 0) {
+    if (o->fail_in_child)
+      child_die("cannot make the pty the controlling terminal", NULL, errno);
     goto fail;
+  }
   if (o->cwd != NULL && syscall(SYS_chdir, o->cwd) < 0)
     goto fail;
   if (o->switch_ids) {
@@ -132,7 +186,7 @@ static NO_SAN int child_main(void *arg)
     slash |= f[flen] == '/';
   if (slash || flen == 0) {
     child_exec_one(ctx, f);
-    goto fail;
+    goto exec_failed;
   }
   char buf[PATH_MAX];
   int eacces = 0;
@@ -165,7 +219,7 @@ static NO_SAN int child_main(void *arg)
       case ETIMEDOUT:
         break;
       default:
-        goto fail;
+        goto exec_failed;
       }
     }
     if (*end == '\0')
@@ -173,6 +227,9 @@ static NO_SAN int child_main(void *arg)
     p = end + 1;
   }
   errno = eacces ? EACCES : ENOENT;
+exec_failed:
+  if (o->fail_in_child)
+    child_die("exec", f, errno);
 fail:
   e = errno;
   ctx->err = e != 0 ? e : EINVAL;

@@ -43,14 +43,17 @@ struct agent_child_s {
 };
 
 typedef struct agent_spawn_opts_s {
-  const char *file; /**< run as execvp would: searched in the PATH of env when it has no '/' */
-  char **argv;      /**< NULL-terminated */
-  char **env;       /**< NULL-terminated, the child's whole environment */
-  const char *cwd;  /**< NULL: inherit */
-  int stdio[3];     /**< fds dup2'd onto the child's 0-2 (may repeat); -1: /dev/null */
-  int new_session;  /**< setsid(): the child leads its own process group */
-  int ctty;         /**< with new_session: make fd 0 (a pty slave) the controlling terminal */
-  int switch_ids;   /**< setgroups(0), setgid(gid), setuid(uid) before the exec */
+  const char *file;  /**< run as execvp would: searched in the PATH of env when it has no '/' */
+  char **argv;       /**< NULL-terminated */
+  char **env;        /**< NULL-terminated, the child's whole environment */
+  const char *cwd;   /**< NULL: inherit */
+  int stdio[3];      /**< fds dup2'd onto the child's 0-2 (may repeat); -1: /dev/null */
+  int new_session;   /**< setsid(): the child leads its own process group */
+  int ctty;          /**< with new_session: make fd 0 (a pty slave) the controlling terminal */
+  int fail_in_child; /**< a failing TIOCSCTTY or exec is not a spawn error: the child writes
+                          "osr-agent: exec FILE: reason\r\n" to its fd 2 and exits 127
+                          (ENOENT) or 126, as a shell would (the pty semantics) */
+  int switch_ids;    /**< setgroups(0), setgid(gid), setuid(uid) before the exec */
   uid_t uid;
   gid_t gid;
 } agent_spawn_opts_t;

@@ -660,6 +660,157 @@ class Shutdown(unittest.TestCase):
             st.close()
 
 
+class Spawn(unittest.TestCase):
+    """src/agent/spawn.c: the clone(CLONE_VM|CLONE_VFORK) spawner, its
+    execvp-style search, its errors, the SIGCHLD reaper and --prewarm."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.agent = Agent()
+        cls.dir = tempfile.mkdtemp(prefix="osr-spawn-")
+        os.chmod(cls.dir, 0o755)
+        # A script without "#!": execvp hands it to /bin/sh (ENOEXEC).
+        with open(os.path.join(cls.dir, "osrviash"), "w") as f:
+            f.write("echo via-sh \"$1\"\n")
+        os.chmod(os.path.join(cls.dir, "osrviash"), 0o755)
+        # Not executable by anyone (EACCES even for root).
+        with open(os.path.join(cls.dir, "osrnox"), "w") as f:
+            f.write("#!/bin/sh\necho never\n")
+        os.chmod(os.path.join(cls.dir, "osrnox"), 0o644)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.agent.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def start_error(self, msg):
+        st = self.agent.stream(START, msg)
+        self.assertEqual(st.status, 200)
+        frames = list(st.frames())
+        self.assertEqual(frames, [], "no start event for a process that never ran")
+        self.assertEqual(st.end["error"]["code"], "internal", st.end)
+        return st.end["error"]["message"]
+
+    def test_path_search(self):
+        # No '/': searched in the child's PATH (the request's envs may set it).
+        _, out, _, end, _, _ = collect_process(self.agent.stream(
+            START, {"process": {"cmd": "echo", "args": ["a b"]}}))
+        self.assertEqual((out, end.get("exitCode", 0)), (b"a b\n", 0))
+        env = {"PATH": "/nonexistent-dir:" + self.dir}
+        _, out, _, end, _, _ = collect_process(self.agent.stream(
+            START, {"process": {"cmd": "osrviash", "args": ["x"], "envs": env}}))
+        self.assertEqual((out, end.get("exitCode", 0)), (b"via-sh x\n", 0))
+        # With a '/': no search, the same ENOEXEC fallback.
+        _, out, _, _, _, _ = collect_process(self.agent.stream(
+            START, {"process": {"cmd": os.path.join(self.dir, "osrviash"), "args": ["y"]}}))
+        self.assertEqual(out, b"via-sh y\n")
+
+    def test_exec_errors_are_start_errors(self):
+        m = self.start_error({"process": {"cmd": "osr-no-such-command"}})
+        self.assertIn("no such file or directory", m)
+        # EACCES wins over a later ENOENT, as in execvp.
+        m = self.start_error({"process": {"cmd": "osrnox",
+                                          "envs": {"PATH": self.dir + ":/nonexistent-dir"}}})
+        self.assertIn("permission denied", m)
+        # A pty child is different: it exits 127 (126) with the reason on the
+        # terminal, as at a shell prompt.
+        for cmd, code, why in (("/nonexistent/cmd", 127, b"No such file or directory"),
+                               (os.path.join(self.dir, "osrnox"), 126, b"Permission denied")):
+            _, _, _, end, _, frames = collect_process(self.agent.stream(
+                START, {"process": {"cmd": cmd}, "pty": {"size": {"cols": 80, "rows": 24}}}))
+            text = b"".join(base64.b64decode(f["event"]["data"]["pty"]) for f in frames
+                            if "data" in f.get("event", {}))
+            self.assertEqual(end.get("exitCode", 0), code, end)
+            self.assertIn(b"osr-agent: exec " + cmd.encode() + b": " + why, text)
+        # And the agent is fine afterwards: no stray child, no leaked record.
+        _, out, _, _, _, _ = collect_process(start_sh(self.agent, "echo ok"))
+        self.assertEqual(out, b"ok\n")
+
+    def test_signal_dispositions_reset(self):
+        # The agent ignores SIGPIPE; its children must not inherit that
+        # (nor a blocked signal mask).
+        _, out, _, _, _, _ = collect_process(start_sh(
+            self.agent, "grep -E '^(SigIgn|SigBlk)' /proc/self/status"))
+        for ln in out.decode().splitlines():
+            self.assertEqual(int(ln.split()[1], 16) & (1 << (signal.SIGPIPE - 1)), 0, ln)
+        _, out, _, end, _, _ = collect_process(start_sh(self.agent, "yes | head -c 3"))
+        self.assertEqual(out, b"y\ny")
+
+    def test_many_concurrent(self):
+        # 40 at once: every exit reaches its own process (one SIGCHLD may
+        # stand for several exits).
+        sts = [start_sh(self.agent, "exit %d" % (i % 7)) for i in range(40)]
+        codes = [collect_process(st)[3].get("exitCode", 0) for st in sts]
+        self.assertEqual(codes, [i % 7 for i in range(40)])
+
+    def test_prewarm(self):
+        mark = os.path.join(self.dir, "prewarmed")
+        with Agent(extra=["--prewarm", "echo warm > " + mark]) as a:
+            # The agent listens only after the command has run.
+            with open(mark) as f:
+                self.assertEqual(f.read(), "warm\n")
+            _, out, _, _, _, _ = collect_process(start_sh(a, "echo after"))
+            self.assertEqual(out, b"after\n")
+        # A command that never ends is bounded (3 s) and killed.
+        t0 = time.time()
+        with Agent(extra=["--prewarm", "echo $$ > %s; exec sleep 100" % mark]) as a:
+            self.assertLess(time.time() - t0, 30)
+            pid = int(open(mark).read())
+            wait_for(lambda: not pid_alive(pid), 10, "the prewarm command to be killed")
+
+    def test_reaps_orphans_as_pid1(self):
+        # In a gVisor sandbox the agent is pid 1: orphans are re-parented to
+        # it and only its waitpid(-1) reaps them. Run it as pid 1 of a pid
+        # namespace made here and leave 5 orphans behind.
+        wrapper = os.path.join(self.dir, "agent-pid1")
+        with open(wrapper, "w") as f:
+            f.write("#!/bin/sh\nexec unshare --pid --fork --kill-child %s \"$@\"\n" % agentlib.AGENT)
+        os.chmod(wrapper, 0o755)
+        real = agentlib.AGENT
+        agentlib.AGENT = wrapper
+        try:
+            a = Agent()
+        finally:
+            agentlib.AGENT = real
+        try:
+            kids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == a.proc.p.pid]
+            self.assertEqual(len(kids), 1, "unshare's child is the agent")
+            agent_pid = kids[0]
+            _, out, _, end, _, _ = collect_process(start_sh(
+                a, "for i in 1 2 3 4 5; do sleep 1 >/dev/null 2>&1 & done; echo started"))
+            self.assertEqual((out, end.get("exitCode", 0)), (b"started\n", 0))
+
+            def zombies():
+                return [int(p) for p in os.listdir("/proc") if p.isdigit()
+                        and _ppid(int(p)) == agent_pid and _state(int(p)) == "Z"]
+
+            def orphans():
+                return [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == agent_pid]
+            # The sleeps were re-parented to the agent ...
+            self.assertTrue(orphans(), "the orphans were re-parented to the agent")
+            # ... and once they exit, none stays a zombie.
+            wait_for(lambda: not orphans(), 10, "the orphans to be reaped")
+            self.assertEqual(zombies(), [])
+        finally:
+            a.stop()
+
+
+def _ppid(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return -1
+
+
+def _state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return "?"
+
+
 def _pgid(pid):
     try:
         return os.getpgid(pid)
