@@ -460,8 +460,13 @@ static void copy_config(osr_dataplane_t *dp, const osr_dataplane_config_t *cfg)
     dp->cfg.max_conns = 10000;
   if (dp->cfg.max_body == 0)
     dp->cfg.max_body = 1ull << 40;
+  /* Enough for the connections a busy client set keeps in flight: with
+   * fewer idle slots than concurrent requests, every burst closes the
+   * surplus and the next one pays a fresh connect (and, on a unix agent,
+   * a descriptor handshake): 32 made 5.7 % of the requests of 50 keep-alive
+   * clients open a new upstream connection. */
   if (dp->cfg.pool_idle_max == 0)
-    dp->cfg.pool_idle_max = 32;
+    dp->cfg.pool_idle_max = 256;
   if (dp->cfg.upstream_idle_ms == 0)
     dp->cfg.upstream_idle_ms = 300000;
   if (dp->cfg.token_leeway_s == 0)

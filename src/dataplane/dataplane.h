@@ -65,7 +65,7 @@ typedef struct osr_dataplane_config_s {
   const char *tls_key;
   size_t max_conns;          /**< client connections per listener, default 10000 */
   uint64_t max_body;         /**< request body cap, default 1 TiB (streamed) */
-  size_t pool_idle_max;      /**< idle upstream connections kept per endpoint, default 32 */
+  size_t pool_idle_max;      /**< idle upstream connections kept per endpoint, default 256 */
   uint64_t upstream_idle_ms; /**< upstream silent this long fails, default 300000 */
   int64_t token_leeway_s;    /**< clock skew allowed on expiry, default 5 */
   /** (Additive.) The agent secret, 32 bytes (copied): every upstream
