@@ -24,7 +24,10 @@
  * wherever endpoints already go (binding row, Redis binding cache, the
  * token's "ep" claim) and the data plane opens it (dataplane/upstream.c).
  * So this provider needs the agent secret: without spec->agent_token a
- * create fails `unavailable` (placement moves on) with a log line.
+ * create fails `unavailable` (placement moves on) with a log line. After a
+ * crash, recovery adopts a sandbox that create never reported through
+ * adopt(): GET /sandboxes/{id} (SandboxDetail carries the envdAccessToken,
+ * ListedSandbox does not) sealed with the agent token the gateway derives.
  *
  * Labels: metadata osr.dev/sandbox-id and osr.dev/tenant, plus
  * osr.dev/managed=true so list() can ask E2B for OSR's sandboxes with one
@@ -60,7 +63,7 @@
 typedef struct e2b_s e2b_t;
 typedef struct e2b_op_s e2b_op_t;
 
-enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST, OP_PAUSE, OP_RESUME, OP_CLEANUP };
+enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST, OP_PAUSE, OP_RESUME, OP_CLEANUP, OP_ADOPT };
 
 struct e2b_op_s {
   e2b_op_t *prev, *next; /* e->ops: every op not yet freed */
@@ -482,6 +485,7 @@ static void deliver(e2b_op_t *op)
     op->cb.create(p, op->status, ok ? &op->res : NULL, op->data);
     break;
   case OP_GET:
+  case OP_ADOPT:
     op->cb.get(p, op->status, ok ? &op->res : NULL, op->data);
     break;
   case OP_DESTROY:
@@ -597,6 +601,7 @@ static const char *jstr(const json_t *o, const char *k)
 }
 
 static void start_cleanup(e2b_t *e, const char *provider_id);
+static int seal_endpoint(e2b_op_t *op, const json_t *j, const char *id, osr_resource_t *r);
 
 /* Create / resume answer: a `Sandbox` object. For create, build and seal
  * the endpoint; for resume, report no endpoint (the binding keeps the one
@@ -625,7 +630,15 @@ static int take_sandbox(e2b_op_t *op, const json_t *j)
   r->granted.gpu_type[0] = '\0';
   r->granted.snapshot = 0;
   snprintf(r->granted.region, sizeof(r->granted.region), "%s", op->region);
+  return seal_endpoint(op, j, id, r);
+}
 
+/* Build r->agent_endpoint for E2B sandbox `id` from a `Sandbox` or
+ * `SandboxDetail` answer `j`: E2B's Host form (or sandbox_url) with its
+ * access tokens sealed under op->agent_tok for OSR sandbox op->sid. */
+static int seal_endpoint(e2b_op_t *op, const json_t *j, const char *id, osr_resource_t *r)
+{
+  e2b_t *e = op->e;
   const char *dom = jstr(j, "domain");
   const char *envd = jstr(j, "envdAccessToken");
   const char *traffic = jstr(j, "trafficAccessToken");
@@ -662,8 +675,9 @@ static int take_sandbox(e2b_op_t *op, const json_t *j)
   return 0;
 }
 
-/* A `ListedSandbox` / `SandboxDetail` as a resource (no endpoint: only
- * create can seal one, see the file comment). 1 if it carries our label. */
+/* A `ListedSandbox` / `SandboxDetail` as a resource (no endpoint: sealing
+ * needs the sandbox's agent token, which only create and adopt are given,
+ * see the file comment). 1 if it carries our label. */
 static int take_listed(const json_t *j, osr_resource_t *r)
 {
   memset(r, 0, sizeof(*r));
@@ -685,6 +699,26 @@ static int take_listed(const json_t *j, osr_resource_t *r)
     r->granted.min_memory_mib = (uint32_t)json_integer_value(mem);
   r->granted.isolation = OSR_ISO_FIRECRACKER;
   return sid != NULL && sid[0] != '\0';
+}
+
+/* adopt(): a `SandboxDetail` (it carries the envdAccessToken that
+ * ListedSandbox lacks) as a resource with a sealed endpoint, if it still
+ * carries the label of the OSR sandbox being adopted. */
+static int take_adopted(e2b_op_t *op, const json_t *j)
+{
+  osr_resource_t *r = &op->res;
+  int mine = take_listed(j, r);
+  if (mine < 0)
+    return OSR_PERR_UNAVAILABLE;
+  if (!mine || strcmp(r->sandbox_id, op->sid) != 0) {
+    OSR_LOG_WARN(MOD, "%s: sandbox %s no longer carries the label of %s", op->e->p->name,
+                 r->provider_id, op->sid);
+    return OSR_PERR_NOT_FOUND;
+  }
+  int rv = seal_endpoint(op, j, r->provider_id, r);
+  /* The sandbox exists, so this is not a boot failure: E2B answered
+   * something the data plane could not use. */
+  return rv == 0 ? 0 : OSR_PERR_UNAVAILABLE;
 }
 
 static int list_page(e2b_op_t *op, const json_t *j)
@@ -739,6 +773,8 @@ static void http_done(e2b_op_t *op)
       start_cleanup(e, op->provider_id); /* accepted, but unusable: do not leak it */
   } else if (op->kind == OP_GET) {
     status = j != NULL && take_listed(j, &op->res) >= 0 ? 0 : OSR_PERR_UNAVAILABLE;
+  } else if (op->kind == OP_ADOPT) {
+    status = j != NULL ? take_adopted(op, j) : OSR_PERR_UNAVAILABLE;
   } else if (op->kind == OP_LIST) {
     status = list_page(op, j);
     if (status == 0 && op->next_token[0] != '\0') {
@@ -1071,6 +1107,32 @@ static int e2b_resume(osr_provider_t *p, const char *id, osr_provider_create_cb 
   return start_simple(p, OP_RESUME, id, (void *)cb, data);
 }
 
+/* Crash recovery found a sandbox of ours that create never reported: fetch
+ * its detail (the only answer that carries the envdAccessToken) and seal an
+ * endpoint with the agent token the gateway derives for it, exactly as
+ * create does. */
+static int e2b_adopt(osr_provider_t *p, const char *id, const char *sandbox_id,
+                     const char *agent_token, osr_provider_get_cb cb, void *data)
+{
+  e2b_t *e = p->impl;
+  if (e == NULL || e->closing)
+    return OSR_ECLOSED;
+  if (cb == NULL || id == NULL || sandbox_id == NULL || sandbox_id[0] == '\0' ||
+      strlen(sandbox_id) >= OSR_NAME_MAX || agent_token == NULL || strlen(agent_token) != 64)
+    return OSR_EINVAL;
+  e2b_op_t *op = op_new(e, OP_ADOPT, data);
+  op->cb.get = cb;
+  snprintf(op->sid, sizeof(op->sid), "%s", sandbox_id);
+  memcpy(op->agent_tok, agent_token, 65);
+  if (!name_ok(id, 100, 0)) {
+    op_finish(op, OSR_PERR_NOT_FOUND); /* no such id can exist */
+    return 0;
+  }
+  set_target(op, "GET", "/sandboxes/", id, "");
+  op_send(op);
+  return 0;
+}
+
 /* ---- close -------------------------------------------------------------------------- */
 
 static void on_close_timer_closed(uv_handle_t *h)
@@ -1122,4 +1184,5 @@ const osr_adapter_t osr_adapter_e2b = {
     .pause = e2b_pause,
     .resume = e2b_resume,
     .close = e2b_close,
+    .adopt = e2b_adopt,
 };

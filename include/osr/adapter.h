@@ -201,6 +201,17 @@ typedef struct osr_adapter_s {
    *  seconds at most): only configuration loading calls it, before any loop
    *  runs, to pick the embedded default provider (docs/configuration.md). */
   int (*available)(char *why, size_t whylen);
+  /** Optional (added without a version bump, NULL = not needed): complete a
+   *  resource that list() found, before crash recovery adopts it. Some
+   *  providers hand out what the data plane needs to reach a sandbox only per
+   *  sandbox, and it must be sealed under the sandbox's agent token, which
+   *  only create's spec carries (e2b: the envdAccessToken is only in
+   *  GET /sandboxes/{id}, so its list() and get() report no endpoint). The
+   *  gateway passes OSR's sandbox id (the resource's label) and its agent
+   *  token; cb gets the resource with a usable agent_endpoint, or
+   *  OSR_PERR_NOT_FOUND if it is gone or no longer carries that label. */
+  int (*adopt)(osr_provider_t *p, const char *provider_id, const char *sandbox_id,
+               const char *agent_token, osr_provider_get_cb cb, void *data);
 } osr_adapter_t;
 
 /** A configured provider instance (one adapter may back several). Owned by

@@ -1147,7 +1147,36 @@ static void rec_adopt_stored(int status, void *data)
   rec_next_resource(r);
 }
 
-/* Adopt `res` for `row` unless it does not cover what the request asked. */
+static void rec_adopt_store(recover_t *r, osr_binding_t *row, const osr_resource_t *res);
+
+/* The adapter completed the listed resource r->res[r->ri] for adoption. */
+static void rec_adopt_completed(osr_provider_t *p, int status, const osr_resource_t *res,
+                                void *data)
+{
+  recover_t *r = data;
+  osr_resource_t *have = &r->res[r->ri];
+  osr_binding_t key;
+  snprintf(key.id, sizeof(key.id), "%.39s", have->sandbox_id);
+  osr_binding_t *row = bsearch(&key, r->rows, r->n, sizeof(*r->rows), cmp_row);
+  if (status == 0 && res != NULL && row != NULL) {
+    snprintf(have->agent_endpoint, sizeof(have->agent_endpoint), "%s", res->agent_endpoint);
+    rec_adopt_store(r, row, have);
+    return;
+  }
+  if (status != OSR_PERR_NOT_FOUND && row != NULL) {
+    /* Cannot tell now: leave the row creating (like a failed listing), the
+     * reaper's stale-create pass tries again. */
+    OSR_LOG_WARN(MOD, "recovery: completing %s on %s failed: %s; it stays pending",
+                 have->provider_id, p->name, osr_provider_err_name(status));
+    r->adopted[row - r->rows] = 1;
+  }
+  /* NOT_FOUND: gone since the listing; rec_final fails the row. */
+  rec_next_resource(r);
+}
+
+/* Adopt `res` for `row` unless it does not cover what the request asked.
+ * An adapter whose list() cannot report a usable endpoint (adopt != NULL)
+ * completes the resource first, given the sandbox's agent token. */
 static void rec_adopt(recover_t *r, osr_binding_t *row, const osr_resource_t *res)
 {
   osr__sbx_req_t req;
@@ -1163,6 +1192,21 @@ static void rec_adopt(recover_t *r, osr_binding_t *row, const osr_resource_t *re
       return;
     }
   }
+  char agent_tok[65];
+  if (r->p->adapter->adopt != NULL && r->gw->has_agent_secret &&
+      osr_agent_token(r->gw->agent_secret, row->id, agent_tok) == 0) {
+    int rv = r->p->adapter->adopt(r->p, res->provider_id, row->id, agent_tok, rec_adopt_completed,
+                                  r);
+    explicit_bzero(agent_tok, sizeof(agent_tok));
+    if (rv != 0)
+      rec_adopt_completed(r->p, rv, NULL, r);
+    return;
+  }
+  rec_adopt_store(r, row, res);
+}
+
+static void rec_adopt_store(recover_t *r, osr_binding_t *row, const osr_resource_t *res)
+{
   int64_t now = osr_now_ms();
   int64_t seen_ms = row->updated_ms; /* the version we decided on */
   snprintf(row->provider_id, sizeof(row->provider_id), "%s", res->provider_id);

@@ -27,10 +27,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import ssl
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -97,7 +99,20 @@ class Serve:
             argv += ["--config", path]
         e = {"OSR_ADMIN_KEY": ADMIN}
         e.update(env)
-        self.proc = osrtest.Proc(argv, env=e)
+        self.argv, self.env, self.old_logs = argv, e, ""
+        self._start()
+
+    def kill9(self):
+        """kill -9 (also of a SIGSTOPped process); the data dir stays."""
+        self.proc.stop(signal.SIGKILL)
+        self.old_logs += self.proc.stderr_text() + "\n--- killed -9 ---\n"
+
+    def restart(self):
+        """The same command on the same data dir and data-plane port."""
+        self._start()
+
+    def _start(self):
+        self.proc = osrtest.Proc(self.argv, env=self.env)
         self.port = None
         end = time.time() + 60
         while time.time() < end:
@@ -120,7 +135,7 @@ class Serve:
         return rc
 
     def log(self):
-        return self.proc.stderr_text()
+        return self.old_logs + self.proc.stderr_text()
 
     def call(self, method, path, body=None, key=ADMIN, headers=None):
         h = {"Authorization": "Bearer " + key}
@@ -409,6 +424,107 @@ class OrphanList(Base, unittest.TestCase):
         self.assertEqual(st, 200, j)
         st, _, _ = self.fake.api("DELETE", "/sandboxes/" + other["sandboxID"])
         self.assertEqual(st, 204)
+
+
+class Recovery(Base, unittest.TestCase):
+    """kill -9 of the outer gateway between the intent row and E2B's
+    answer. The created sandbox is then known to the fake only (list() finds
+    it by its label) and E2B's ListedSandbox has no envdAccessToken, so
+    recovery must complete it through adopt() (SandboxDetail, sealed with the
+    agent token) for the data plane to reach it."""
+
+    def test_kill9_mid_create_adopts_working_sandbox(self):
+        self.start_outer(outer_cfg(self.fake, None, {"reaper": {"interval_ms": 500}}))
+        key = self.outer.new_key("outer-tenant")
+        fake_pid = self.fake.srv.proc.p.pid
+        outer_pid = self.outer.proc.p.pid
+        # 1. The fake's API is frozen: the outer's create request waits in
+        # its socket, the intent row is durable (state creating).
+        os.kill(fake_pid, signal.SIGSTOP)
+        result = {}
+
+        def create():
+            try:
+                result["r"] = self.outer.call("POST", "/v1/sandboxes", {"template": "base"},
+                                              key=key)
+            except OSError as e:
+                result["r"] = e  # the gateway is killed under this request
+        t = threading.Thread(target=create, daemon=True)
+        try:
+            t.start()
+            creating = []
+            end = time.time() + 30
+            while time.time() < end and not creating:
+                st, _, j = self.outer.call("GET", "/v1/sandboxes?state=creating")
+                self.assertEqual(st, 200, j)
+                creating = j["items"]
+                if not creating:
+                    time.sleep(0.05)
+            self.assertEqual(len(creating), 1, self.logs())
+            sid = creating[0]["id"]
+            # 2. Freeze the outer, let the fake create; its answer never
+            # gets read: the outer dies with the row still creating.
+            os.kill(outer_pid, signal.SIGSTOP)
+        finally:
+            os.kill(fake_pid, signal.SIGCONT)
+        labelled = []
+        end = time.time() + 60
+        while time.time() < end and not labelled:
+            st, _, lst = self.fake.api("GET", "/v2/sandboxes")
+            self.assertEqual(st, 200, lst)
+            labelled = [x for x in lst if x.get("metadata", {}).get("osr.dev/sandbox-id") == sid]
+            if not labelled:
+                time.sleep(0.1)
+        self.assertEqual(len(labelled), 1, self.logs())
+        fake_id = labelled[0]["sandboxID"]
+        self.assertNotIn("envdAccessToken", labelled[0])  # ListedSandbox: no token
+        self.outer.kill9()
+        t.join(15)
+        self.assertIsInstance(result.get("r"), OSError)  # no answer ever came
+
+        # 3. Restart on the same data dir: recovery adopts the fake's sandbox.
+        self.outer.restart()
+        st, _, sb = self.outer.call("GET", "/v1/sandboxes/" + sid)
+        self.assertEqual(st, 200, str(sb) + self.logs())
+        self.assertEqual(sb["state"], "running", sb)
+        self.assertEqual(sb["binding"]["providerId"], fake_id)
+        st, _, audit = self.outer.call("GET", "/v1/audit?limit=1000")
+        self.assertEqual(st, 200, audit)
+        self.assertIn(("recover.adopt", sid),
+                      [(e["action"], e.get("sandboxId", e.get("target"))) for e in audit["items"]],
+                      audit)
+
+        # 4. It works through the OUTER data plane with a fresh OUTER token:
+        # the sealed endpoint adopt() built carries the fake's own token.
+        st, _, tk = self.outer.call("POST", "/v1/sandboxes/%s/tokens" % sid, {}, key=key)
+        self.assertIn(st, (200, 201), tk)
+        hdr = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983", "X-Access-Token": tk["token"]}
+        dp = self.outer.dp_port
+        c = http.client.HTTPConnection("127.0.0.1", dp, timeout=60)
+        c.request("POST", "/files?path=/tmp/adopted.txt&username=user", body=b"after a crash",
+                  headers=dict(hdr, **{"Content-Type": "application/octet-stream"}))
+        r = c.getresponse()
+        r.read()
+        c.close()
+        self.assertEqual(r.status, 200, self.logs())
+        st, _, got = request(dp, "GET", "/files?path=/tmp/adopted.txt&username=user", headers=hdr)
+        self.assertEqual((st, got), (200, "after a crash"), self.logs())
+        st, _, stat = request(dp, "POST", "/filesystem.Filesystem/Stat",
+                              {"path": "/tmp/adopted.txt"},
+                              dict(hdr, **{"Connect-Protocol-Version": "1"}))
+        self.assertEqual(st, 200, stat)
+        self.assertEqual(int(stat["entry"]["size"]), len(b"after a crash"))
+
+        # 5. Nothing created twice, nothing leaked: one sandbox in the fake,
+        # one binding in the outer; kill removes it from the fake.
+        st, _, lst = self.fake.api("GET", "/v2/sandboxes")
+        self.assertEqual([x["sandboxID"] for x in lst], [fake_id], lst)
+        st, _, all_sb = self.outer.call("GET", "/v1/sandboxes")
+        self.assertEqual([x["id"] for x in all_sb["items"]], [sid], all_sb)
+        st, _, _ = self.outer.call("DELETE", "/v1/sandboxes/" + sid, key=key)
+        self.assertEqual(st, 204)
+        st, _, lst = self.fake.api("GET", "/v2/sandboxes")
+        self.assertEqual(lst, [], self.logs())
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@
  *     close callback;
  *   - failure mapping: 429, 401, 400, 500, 503, 507, a refused connection,
  *     no answer in timeout_ms, no agent token; configuration errors name
- *     the key; an honest manifest.
+ *     the key; an honest manifest;
+ *   - adopt() (crash recovery): the endpoint sealed from E2B's SandboxDetail
+ *     opens to what create sealed; another sandbox's label is NOT_FOUND.
  * The end-to-end passthrough (data plane + real SDK) is
  * tests/integration/e2b/test_e2b_provider.py.
  */
@@ -787,6 +789,66 @@ static void test_honest_manifest(void **state)
   fake_stop();
 }
 
+/* Crash recovery's adopt(): list() carries no endpoint (ListedSandbox has
+ * no envdAccessToken), so adopt fetches the detail and seals an endpoint
+ * that opens, with the sandbox's agent token, to what create sealed. */
+static void test_adopt(void **state)
+{
+  (void)state;
+  fake_start();
+  osr_provider_t *p = e2b_ok("");
+  res_t c, l, a;
+  create_sync(p, "osrsbx00000000000011", &c);
+  assert_int_equal(c.status, 0);
+  char tok[65];
+  memcpy(tok, agent_tok, sizeof(tok)); /* spec_init derived it for ...11 */
+  SIMPLE_SYNC(p->adapter->list(p, on_list, &l), &l);
+  assert_int_equal(l.status, 0);
+  assert_int_equal(l.n, 1);
+  assert_string_equal(l.list[0].agent_endpoint, "");
+
+  SIMPLE_SYNC(p->adapter->adopt(p, l.list[0].provider_id, "osrsbx00000000000011", tok, on_create,
+                                &a),
+              &a);
+  assert_int_equal(a.status, 0);
+  assert_string_equal(a.res.provider_id, c.res.provider_id);
+  assert_string_equal(a.res.sandbox_id, "osrsbx00000000000011");
+  assert_int_equal(a.res.state, OSR_RES_RUNNING);
+  char p1[OSR_UPSTREAM_PLAIN_MAX + 1], p2[OSR_UPSTREAM_PLAIN_MAX + 1];
+  open_endpoint(c.res.agent_endpoint, "osrsbx00000000000011", p1, sizeof(p1));
+  open_endpoint(a.res.agent_endpoint, "osrsbx00000000000011", p2, sizeof(p2));
+  assert_string_equal(p1, p2);
+  assert_int_equal(strncmp(a.res.agent_endpoint, "https://49983-", 14), 0);
+  /* Paused: still adoptable, reported paused. */
+  fake.sbx[fake.nsbx - 1].paused = 1;
+  SIMPLE_SYNC(p->adapter->adopt(p, c.res.provider_id, "osrsbx00000000000011", tok, on_create, &a),
+              &a);
+  assert_int_equal(a.status, 0);
+  assert_int_equal(a.res.state, OSR_RES_PAUSED);
+  /* The label names another OSR sandbox: not this one's to adopt. */
+  SIMPLE_SYNC(p->adapter->adopt(p, c.res.provider_id, "osrsbx00000000000099", tok, on_create, &a),
+              &a);
+  assert_int_equal(a.status, OSR_PERR_NOT_FOUND);
+  /* Gone at E2B, or an id that cannot be E2B's. */
+  SIMPLE_SYNC(p->adapter->adopt(p, "sbx999", "osrsbx00000000000011", tok, on_create, &a), &a);
+  assert_int_equal(a.status, OSR_PERR_NOT_FOUND);
+  SIMPLE_SYNC(p->adapter->adopt(p, "../x", "osrsbx00000000000011", tok, on_create, &a), &a);
+  assert_int_equal(a.status, OSR_PERR_NOT_FOUND);
+  /* Bad arguments: an error and no callback. */
+  memset(&a, 0, sizeof(a));
+  assert_int_equal(p->adapter->adopt(p, c.res.provider_id, "osrsbx00000000000011", "short",
+                                     on_create, &a),
+                   OSR_EINVAL);
+  assert_int_equal(p->adapter->adopt(p, c.res.provider_id, "", tok, on_create, &a), OSR_EINVAL);
+  assert_int_equal(p->adapter->adopt(p, c.res.provider_id, "osrsbx00000000000011", tok, NULL, &a),
+                   OSR_EINVAL);
+  run_until(&a.calls, 50);
+  assert_int_equal(a.calls, 0);
+  e2b_free(p);
+  fake_stop();
+  assert_int_equal(sync_calls, 0);
+}
+
 int main(void)
 {
   uv_loop_init(&loop);
@@ -797,6 +859,7 @@ int main(void)
       cmocka_unit_test(test_contract_bad_args),   cmocka_unit_test(test_contract_close_inflight),
       cmocka_unit_test(test_contract_concurrent), cmocka_unit_test(test_failure_mapping),
       cmocka_unit_test(test_config_errors),       cmocka_unit_test(test_honest_manifest),
+      cmocka_unit_test(test_adopt),
   };
   int rc = cmocka_run_group_tests_name("e2b adapter contract", tests, NULL, NULL);
   uv_run(&loop, UV_RUN_DEFAULT);
