@@ -33,22 +33,19 @@
  * osr.dev/managed=true so list() can ask E2B for OSR's sandboxes with one
  * metadata filter (E2B filters on key=value, not on a key's presence).
  *
- * Ops: each operation has one uv_timer (its deadline, then the deferred
- * delivery of its result, so callbacks never run inside the call) and its
- * own HTTP/1.1 connection, closed when the op ends: creates are rare and
- * slow (hundreds of ms at E2B), so a pool would buy nothing measurable and
- * cost reconnection logic. An op is freed when its timer is closed, its
- * request has ended and no connect is in flight; close() waits for every op.
+ * Ops run on adapters/rest.h (one deadline per op, deferred exactly-once
+ * delivery, one HTTP/1.1 connection per op, cancel on close); this file
+ * holds only what is E2B's: targets, bodies, status mapping, answers.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "adapters/rest.h"
 #include "net/http.h"
 #include "net/tls.h"
 #include "osr/adapter.h"
 #include "token/token.h"
-#include "util/buf.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -65,17 +62,11 @@ typedef struct e2b_op_s e2b_op_t;
 
 enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST, OP_PAUSE, OP_RESUME, OP_CLEANUP, OP_ADOPT };
 
+/* The adapter's state of one op (the rest op's user area). */
 struct e2b_op_s {
-  e2b_op_t *prev, *next; /* e->ops: every op not yet freed */
+  osr_rest_op_t *rop;
   e2b_t *e;
   int kind;
-  uv_timer_t timer;
-  int delivered, finishing, timer_closed, connecting, creq_live;
-  int status;
-  osr_http_client_t *http;
-  osr_http_creq_t *creq;
-  int http_status;
-  osr_buf_t resp;
   char next_token[512]; /* X-Next-Token of the last list page */
   char method[8];
   char target[1024];
@@ -119,14 +110,17 @@ struct e2b_s {
   uint64_t timeout_ms;
   uint32_t sandbox_timeout_s; /* E2B-side lifetime at create/resume; 0 = OSR's TTL / 300 s */
   osr_tls_ctx_t *tls;
-  /* ops */
-  e2b_op_t *ops_head, *ops_tail;
-  size_t nops;
+  osr_rest_t *api; /* the op queue */
   /* close */
-  int closing, close_done;
-  uv_timer_t close_timer;
+  int closing;
   void (*close_cb)(osr_provider_t *p);
 };
+
+/* The op queue's callbacks (rest.h), below. */
+static void on_head(osr_rest_op_t *rop, int status, const osr_http_header_t *h, size_t nh);
+static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len);
+static void deliver(osr_rest_op_t *rop, int status);
+static void op_release(osr_rest_op_t *rop);
 
 /* ---- configuration ---------------------------------------------------------- */
 
@@ -406,6 +400,23 @@ static int e2b_init(osr_provider_t *p, const json_t *config, char *err, size_t e
     e2b_free_state(e);
     return rv;
   }
+  osr_rest_config_t rc = {
+      .name = p->name,
+      .addr = e->api_addr,
+      .authority = e->api_auth,
+      .tls = e->api_tls ? e->tls : NULL,
+      .timeout_ms = e->timeout_ms,
+      .max_response = E2B_MAX_RESPONSE,
+      .headers = {{OSR_IOV_LIT("x-api-key"), osr_iov(e->api_key, strlen(e->api_key))},
+                  {OSR_IOV_LIT("user-agent"), OSR_IOV_LIT("osr-e2b-adapter")}},
+      .nheaders = 2,
+      .user_size = sizeof(e2b_op_t),
+      .on_head = on_head,
+      .on_answer = on_answer,
+      .on_deliver = deliver,
+      .on_release = op_release,
+  };
+  e->api = osr_rest_new(p->loop, &rc, e);
   p->impl = e;
   return 0;
 }
@@ -435,127 +446,58 @@ static void e2b_describe(osr_provider_t *p, osr_provider_info_t *info)
 
 /* ---- ops -------------------------------------------------------------------- */
 
-static void try_finish_close(e2b_t *e);
 static void op_send(e2b_op_t *op);
 
-static void op_free(e2b_op_t *op)
+static void op_release(osr_rest_op_t *rop)
 {
-  e2b_t *e = op->e;
-  if (op->prev != NULL)
-    op->prev->next = op->next;
-  else
-    e->ops_head = op->next;
-  if (op->next != NULL)
-    op->next->prev = op->prev;
-  else
-    e->ops_tail = op->prev;
-  e->nops--;
+  e2b_op_t *op = osr_rest_user(rop);
   if (op->body != NULL)
     osr_json_free(op->body);
-  osr_buf_dispose(&op->resp);
   osr_free(op->list);
   memset(op->agent_tok, 0, sizeof(op->agent_tok));
   memset(&op->res, 0, sizeof(op->res)); /* the sealed endpoint */
-  osr_free(op);
-  if (e->closing)
-    try_finish_close(e);
 }
 
-static void maybe_free(e2b_op_t *op)
+static void deliver(osr_rest_op_t *rop, int status)
 {
-  if (op->timer_closed && !op->creq_live && !op->connecting && op->http == NULL)
-    op_free(op);
-}
-
-static void on_timer_closed(uv_handle_t *h)
-{
-  e2b_op_t *op = h->data;
-  op->timer_closed = 1;
-  maybe_free(op);
-}
-
-static void deliver(e2b_op_t *op)
-{
+  e2b_op_t *op = osr_rest_user(rop);
   osr_provider_t *p = op->e->p;
-  op->delivered = 1;
-  int ok = op->status == 0;
+  int ok = status == 0;
   switch (op->kind) {
   case OP_CREATE:
   case OP_RESUME:
-    op->cb.create(p, op->status, ok ? &op->res : NULL, op->data);
+    op->cb.create(p, status, ok ? &op->res : NULL, op->data);
     break;
   case OP_GET:
   case OP_ADOPT:
-    op->cb.get(p, op->status, ok ? &op->res : NULL, op->data);
+    op->cb.get(p, status, ok ? &op->res : NULL, op->data);
     break;
   case OP_DESTROY:
   case OP_PAUSE:
-    op->cb.done(p, op->status, op->data);
+    op->cb.done(p, status, op->data);
     break;
   case OP_LIST:
-    op->cb.list(p, op->status, ok ? op->list : NULL, ok ? op->nlist : 0, op->data);
+    op->cb.list(p, status, ok ? op->list : NULL, ok ? op->nlist : 0, op->data);
     break;
   default: /* OP_CLEANUP: internal, nobody waits */
     break;
-  }
-  uv_close((uv_handle_t *)&op->timer, on_timer_closed);
-}
-
-static void on_deliver_timer(uv_timer_t *t)
-{
-  deliver(t->data);
-}
-
-static void drop_http(e2b_op_t *op)
-{
-  if (op->http != NULL) {
-    /* Outstanding requests end with OSR_ECANCELED in on_body. */
-    osr_http_client_t *c = op->http;
-    op->http = NULL;
-    osr_http_client_close(c);
   }
 }
 
 /* Set the result (first one wins) and deliver it on a later loop turn. */
 static void op_finish(e2b_op_t *op, int status)
 {
-  if (op->finishing || op->delivered)
-    return;
-  op->finishing = 1;
-  op->status = status;
-  if (op->creq_live && op->creq != NULL)
-    osr_http_creq_cancel(op->creq);
-  drop_http(op);
-  uv_timer_stop(&op->timer);
-  uv_timer_start(&op->timer, on_deliver_timer, 0, 0);
-}
-
-static void on_deadline(uv_timer_t *t)
-{
-  e2b_op_t *op = t->data;
-  OSR_LOG_DEBUG(MOD, "%s: %s %s: no answer in %llu ms", op->e->p->name, op->method, op->target,
-                (unsigned long long)op->e->timeout_ms);
-  op_finish(op, OSR_PERR_TIMEOUT);
+  osr_rest_finish(op->rop, status);
 }
 
 static e2b_op_t *op_new(e2b_t *e, int kind, void *data)
 {
-  e2b_op_t *op = osr_xcalloc(1, sizeof(*op));
+  osr_rest_op_t *rop = osr_rest_op_new(e->api, kind);
+  e2b_op_t *op = osr_rest_user(rop);
+  op->rop = rop;
   op->e = e;
   op->kind = kind;
   op->data = data;
-  uv_timer_init(e->p->loop, &op->timer);
-  op->timer.data = op;
-  osr_buf_init(&op->resp, E2B_MAX_RESPONSE);
-  op->prev = e->ops_tail;
-  if (e->ops_tail != NULL)
-    e->ops_tail->next = op;
-  else
-    e->ops_head = op;
-  e->ops_tail = op;
-  e->nops++;
-  /* The whole operation (every page of a list) has one deadline. */
-  uv_timer_start(&op->timer, on_deadline, e->timeout_ms, 0);
   return op;
 }
 
@@ -749,12 +691,11 @@ static int list_page(e2b_op_t *op, const json_t *j)
 }
 
 /* One HTTP exchange is over: decide the op's outcome or its next request. */
-static void http_done(e2b_op_t *op)
+static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
 {
+  e2b_op_t *op = osr_rest_user(rop);
   e2b_t *e = op->e;
-  int st = op->http_status;
-  const char *body = osr_buf_data(&op->resp);
-  json_t *j = body != NULL && op->resp.len > 0 ? json_loadb(body, op->resp.len, 0, NULL) : NULL;
+  json_t *j = body != NULL && len > 0 ? json_loadb(body, len, 0, NULL) : NULL;
   int status = 0;
   if (st < 200 || st > 299) {
     status = map_status(st);
@@ -791,12 +732,10 @@ static void http_done(e2b_op_t *op)
   op_finish(op, status);
 }
 
-static void on_response(osr_http_creq_t *r, int status, const osr_http_header_t *h, size_t nh,
-                        void *data)
+static void on_head(osr_rest_op_t *rop, int status, const osr_http_header_t *h, size_t nh)
 {
-  e2b_op_t *op = data;
-  (void)r;
-  op->http_status = status;
+  e2b_op_t *op = osr_rest_user(rop);
+  (void)status;
   op->next_token[0] = '\0';
   for (size_t i = 0; i < nh; i++) {
     if (h[i].name.len == 12 && memcmp(h[i].name.base, "x-next-token", 12) == 0 &&
@@ -807,69 +746,10 @@ static void on_response(osr_http_creq_t *r, int status, const osr_http_header_t 
   }
 }
 
-static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
-{
-  e2b_op_t *op = data;
-  if (status == 0) {
-    if (osr_buf_append(&op->resp, chunk->base, chunk->len) != 0)
-      osr_http_creq_cancel(r); /* the final on_body follows with OSR_ECANCELED */
-    return;
-  }
-  /* The final callback: the request is freed after it returns. */
-  op->creq = NULL;
-  op->creq_live = 0;
-  if (op->finishing) {
-    maybe_free(op);
-    return;
-  }
-  if (status == OSR_EOF)
-    http_done(op);
-  else
-    op_finish(op, op->e->closing            ? OSR_ECANCELED
-                  : status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT
-                                            : OSR_PERR_UNAVAILABLE);
-  maybe_free(op);
-}
-
-static const osr_http_client_events_t http_events = {
-    .on_response = on_response,
-    .on_body = on_body,
-};
-
-static void on_written(osr_http_creq_t *r, int status, void *arg)
-{
-  /* Nothing to do: the body lives in the op until the request ends. */
-  (void)r;
-  (void)status;
-  (void)arg;
-}
-
-static void on_connect(osr_http_client_t *c, int status, void *data);
-
 /* Send the op's request (op->method/target/body, plus nextToken for the
- * next list page), connecting first if needed. */
+ * next list page); rest.c connects first if needed. */
 static void op_send(e2b_op_t *op)
 {
-  e2b_t *e = op->e;
-  if (e->closing) {
-    op_finish(op, OSR_ECANCELED);
-    return;
-  }
-  if (op->http == NULL) {
-    osr_http_client_opts_t o;
-    memset(&o, 0, sizeof(o));
-    o.tls = e->api_tls ? e->tls : NULL;
-    o.connect_timeout_ms = e->timeout_ms;
-    o.idle_timeout_ms = e->timeout_ms;
-    o.limits.max_body = E2B_MAX_RESPONSE;
-    int rv = osr_http_client_connect(e->p->loop, e->api_addr, &o, on_connect, op);
-    if (rv != 0) {
-      op_finish(op, OSR_PERR_UNAVAILABLE);
-      return;
-    }
-    op->connecting = 1;
-    return;
-  }
   char target[sizeof(op->target) + 600];
   if (op->kind == OP_LIST && op->next_token[0] != '\0') {
     /* X-Next-Token is opaque: percent-encode all but unreserved chars. */
@@ -886,54 +766,7 @@ static void op_send(e2b_op_t *op)
   } else {
     snprintf(target, sizeof(target), "%s", op->target);
   }
-  osr_buf_consume(&op->resp, op->resp.len);
-  size_t blen = op->body != NULL ? strlen(op->body) : 0;
-  osr_http_header_t hdr[3] = {
-      {OSR_IOV_LIT("x-api-key"), osr_iov(e->api_key, strlen(e->api_key))},
-      {OSR_IOV_LIT("user-agent"), OSR_IOV_LIT("osr-e2b-adapter")},
-      {OSR_IOV_LIT("content-type"), OSR_IOV_LIT("application/json")},
-  };
-  osr_http_client_req_t req = {
-      .method = op->method,
-      .target = target,
-      .authority = e->api_auth,
-      .headers = hdr,
-      .nheaders = blen > 0 ? 3 : 2,
-      .content_length = (int64_t)blen,
-  };
-  int rv = osr_http_client_request(op->http, &req, &http_events, op, &op->creq);
-  if (rv != 0) {
-    op_finish(op, OSR_PERR_UNAVAILABLE);
-    return;
-  }
-  op->creq_live = 1;
-  if (blen > 0) {
-    osr_iovec_t iov = osr_iov(op->body, blen);
-    if (osr_http_creq_write(op->creq, &iov, 1, 1, on_written, op) != 0)
-      osr_http_creq_cancel(op->creq); /* its final on_body reports the failure */
-  }
-}
-
-static void on_connect(osr_http_client_t *c, int status, void *data)
-{
-  e2b_op_t *op = data;
-  op->connecting = 0;
-  if (op->finishing || op->e->closing) {
-    if (c != NULL)
-      osr_http_client_close(c);
-    op_finish(op, OSR_ECANCELED); /* no-op when a result was already set */
-    maybe_free(op);
-    return;
-  }
-  if (status != 0) {
-    OSR_LOG_DEBUG(MOD, "%s: connect %s: %s", op->e->p->name, op->e->api_addr, osr_strerror(status));
-    /* Refused, reset, unresolvable or timed out: the provider is down. */
-    op_finish(op, status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT : OSR_PERR_UNAVAILABLE);
-    maybe_free(op);
-    return;
-  }
-  op->http = c;
-  op_send(op);
+  osr_rest_send(op->rop, op->method, target, op->body);
 }
 
 /* ---- operations ------------------------------------------------------------------ */
@@ -1135,25 +968,15 @@ static int e2b_adopt(osr_provider_t *p, const char *id, const char *sandbox_id,
 
 /* ---- close -------------------------------------------------------------------------- */
 
-static void on_close_timer_closed(uv_handle_t *h)
+static void on_api_closed(void *owner)
 {
-  e2b_t *e = h->data;
+  e2b_t *e = owner;
   osr_provider_t *p = e->p;
   void (*cb)(osr_provider_t *) = e->close_cb;
   e2b_free_state(e);
   p->impl = NULL;
   if (cb != NULL)
     cb(p);
-}
-
-static void try_finish_close(e2b_t *e)
-{
-  if (e->close_done || e->nops > 0)
-    return;
-  e->close_done = 1;
-  /* A handle's close completes on a later loop turn: the close callback
-   * never runs inside e2b_close(). */
-  uv_close((uv_handle_t *)&e->close_timer, on_close_timer_closed);
 }
 
 static void e2b_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
@@ -1163,13 +986,8 @@ static void e2b_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
     return;
   e->closing = 1;
   e->close_cb = cb;
-  uv_timer_init(p->loop, &e->close_timer);
-  e->close_timer.data = e;
-  /* op_finish never unlinks (only freeing does, from a close callback
-   * later), so walking the list is safe. */
-  for (e2b_op_t *op = e->ops_head; op != NULL; op = op->next)
-    op_finish(op, OSR_ECANCELED);
-  try_finish_close(e);
+  /* Every op ends OSR_ECANCELED; the api calls back once all are gone. */
+  osr_rest_close(e->api, on_api_closed);
 }
 
 const osr_adapter_t osr_adapter_e2b = {

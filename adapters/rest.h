@@ -1,0 +1,118 @@
+/*
+ * A queue of JSON-over-HTTP calls to one provider's REST API, for adapters
+ * (adapters/e2b.c; the next REST providers, Modal, Vercel, Daytona, are one
+ * file each on top of it: docs/adapters.md "Writing a REST adapter").
+ *
+ * The module owns what every such adapter needs and must get exactly right:
+ * the list of operations in flight, one deadline per operation, the HTTP
+ * exchange (connect, request with an optional JSON body, response head,
+ * capped body), the deferred exactly-once delivery of the result (never
+ * inside the call that started the operation, STYLE 7), and close with
+ * operations in flight (each ends OSR_ECANCELED, then the close callback,
+ * once nothing of the module is left on the loop). The adapter owns the
+ * vendor: URLs, bodies, status mapping, what an answer means.
+ *
+ * An operation ("op") carries `user_size` bytes of adapter state
+ * (osr_rest_user(), zeroed at start). Its life:
+ *
+ *   op = osr_rest_op_new(api, kind)          deadline starts
+ *   osr_rest_send(op, "GET", target, body)   connect if needed, send
+ *     -> cfg.on_head(op, status, headers)    (optional) the response head
+ *     -> cfg.on_answer(op, status, body, n)  the whole answer arrived: call
+ *                                            osr_rest_send() again (next
+ *                                            page, same connection) or
+ *                                            osr_rest_finish(op, result)
+ *   osr_rest_finish(op, result)              first result wins; later:
+ *     -> cfg.on_deliver(op, result)          exactly once, on a later turn
+ *     -> cfg.on_release(op)                  when the op's handles are gone
+ *
+ * Transport failures finish the op for the adapter: no connection or reset
+ * -> OSR_PERR_UNAVAILABLE, no answer by the deadline -> OSR_PERR_TIMEOUT,
+ * closing -> OSR_ECANCELED. Each op has its own HTTP/1.1 connection, closed
+ * when the op ends: provider calls are rare and slow (hundreds of ms), so a
+ * pool would buy nothing measurable and cost reconnection logic.
+ *
+ * Threading: the loop thread only, like every adapter.
+ */
+#ifndef OSR_ADAPTERS_REST_H
+#define OSR_ADAPTERS_REST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "net/http.h"
+#include "net/tls.h"
+
+typedef struct osr_rest_s osr_rest_t;
+typedef struct osr_rest_op_s osr_rest_op_t;
+
+typedef struct osr_rest_config_s {
+  const char *name;      /**< for log lines (the provider's name); copied */
+  const char *addr;      /**< host:port to connect to; copied */
+  const char *authority; /**< Host header; NULL = addr; copied */
+  osr_tls_ctx_t *tls;    /**< NULL = plain HTTP; borrowed, must outlive the api */
+  uint64_t timeout_ms;   /**< each op's deadline (every request it sends), > 0 */
+  size_t max_response;   /**< largest answer body accepted (then unavailable) */
+  /** Sent with every request (API key, user agent); at most 6, copied by
+   *  reference: the strings must outlive the api. */
+  osr_http_header_t headers[6];
+  size_t nheaders;
+  size_t user_size;      /**< bytes of adapter state per op */
+  /** Optional: the response head (headers valid during the call only). */
+  void (*on_head)(osr_rest_op_t *op, int http_status, const osr_http_header_t *h, size_t nh);
+  /** The answer is complete (body: len bytes, not NUL-terminated, valid
+   *  during the call). Must call osr_rest_send() or osr_rest_finish(). */
+  void (*on_answer)(osr_rest_op_t *op, int http_status, const char *body, size_t len);
+  /** The op's result; exactly once per op, never inside an osr_rest_* call
+   *  that the adapter made. */
+  void (*on_deliver)(osr_rest_op_t *op, int status);
+  /** Optional: free what the adapter hung on its op state (it is freed
+   *  after this returns). Runs after on_deliver. */
+  void (*on_release)(osr_rest_op_t *op);
+} osr_rest_config_t;
+
+/** A new api (no I/O). `cfg` is copied. */
+osr_rest_t *osr_rest_new(uv_loop_t *loop, const osr_rest_config_t *cfg, void *owner);
+
+/** The adapter state given to osr_rest_new. */
+void *osr_rest_owner(const osr_rest_t *api);
+
+/** 1 once osr_rest_close() was called: start no new op. */
+int osr_rest_closing(const osr_rest_t *api);
+
+/** Number of ops not yet released. */
+size_t osr_rest_nops(const osr_rest_t *api);
+
+/** Start an op of the adapter's `kind` (its own tag); its deadline runs. */
+osr_rest_op_t *osr_rest_op_new(osr_rest_t *api, int kind);
+
+/** The op's adapter state (user_size bytes, zeroed) / its kind / its api. */
+void *osr_rest_user(osr_rest_op_t *op);
+int osr_rest_kind(const osr_rest_op_t *op);
+osr_rest_t *osr_rest_api(const osr_rest_op_t *op);
+
+/**
+ * Send `method target` (target is the full path and query) with `body`
+ * (NUL-terminated JSON, or NULL for none; borrowed until the op ends: keep
+ * it in the op's state). Connects first if the op has no connection yet.
+ * Failures finish the op (see the file comment).
+ */
+void osr_rest_send(osr_rest_op_t *op, const char *method, const char *target, const char *body);
+
+/** Set the op's result (the first one wins) and deliver it on a later loop
+ *  turn; cancels its request and closes its connection. */
+void osr_rest_finish(osr_rest_op_t *op, int status);
+
+/** Method and target of the op's last request (for log lines). */
+const char *osr_rest_method(const osr_rest_op_t *op);
+const char *osr_rest_target(const osr_rest_op_t *op);
+
+/**
+ * Stop: every op finishes OSR_ECANCELED (delivered as usual), and once all
+ * are released and nothing of the api is left on the loop, the api is
+ * freed and cb(owner) runs, always later (never inside this call).
+ */
+void osr_rest_close(osr_rest_t *api, void (*cb)(void *owner));
+
+#endif
