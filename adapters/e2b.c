@@ -657,6 +657,15 @@ static int take_adopted(e2b_op_t *op, const json_t *j)
                  r->provider_id, op->sid);
     return OSR_PERR_NOT_FOUND;
   }
+  /* Our creates ask for `secure`, so a sandbox without an envd token is
+   * not ready yet (still starting): leave it pending, recovery's next pass
+   * (the reaper's stale creates) asks again. */
+  const char *envd = jstr(j, "envdAccessToken");
+  if (envd == NULL || envd[0] == '\0') {
+    OSR_LOG_INFO(MOD, "%s: sandbox %s has no envd access token yet", op->e->p->name,
+                 r->provider_id);
+    return OSR_PERR_UNAVAILABLE;
+  }
   int rv = seal_endpoint(op, j, r->provider_id, r);
   /* The sandbox exists, so this is not a boot failure: E2B answered
    * something the data plane could not use. */

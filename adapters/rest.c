@@ -1,8 +1,8 @@
 /*
  * A queue of JSON-over-HTTP calls to one provider API (rest.h): the op list,
  * one deadline timer per op (which then delivers the result, so a callback
- * never runs inside the call that set it), one HTTP/1.1 connection per op,
- * and close with ops in flight. An op is freed when its timer is closed, its
+ * never runs inside the call that set it), one HTTP/1.1 connection per op
+ * or one shared HTTP/2 connection, and close with ops in flight. An op is freed when its timer is closed, its
  * request has ended and no connect is in flight; the api is freed when
  * closing and no op is left.
  */
@@ -27,6 +27,8 @@ struct osr_rest_op_s {
   int kind;
   uv_timer_t timer; /* the deadline, then the deferred delivery */
   int delivered, finishing, timer_closed, connecting, creq_live;
+  int waiting;  /* shared: queued for the connection */
+  int attempts; /* shared: requests sent (a never-sent one is retried once) */
   int status;
   osr_http_client_t *http;
   osr_http_creq_t *creq;
@@ -47,6 +49,9 @@ struct osr_rest_s {
   void *owner;
   osr_rest_op_t *ops_head, *ops_tail;
   size_t nops;
+  /* shared_h2 */
+  osr_http_client_t *http;
+  int http_dead, connecting;
   int closing, close_done;
   uv_timer_t close_timer;
   void (*close_cb)(void *owner);
@@ -145,6 +150,8 @@ static void on_timer_closed(uv_handle_t *h)
   maybe_free(op);
 }
 
+static void op_send(osr_rest_op_t *op);
+
 static void on_deliver_timer(uv_timer_t *t)
 {
   osr_rest_op_t *op = t->data;
@@ -169,6 +176,7 @@ void osr_rest_finish(osr_rest_op_t *op, int status)
     return;
   op->finishing = 1;
   op->status = status;
+  op->waiting = 0;
   if (op->creq_live && op->creq != NULL)
     osr_http_creq_cancel(op->creq);
   drop_http(op);
@@ -200,7 +208,8 @@ osr_rest_op_t *osr_rest_op_new(osr_rest_t *api, int kind)
   api->ops_tail = op;
   api->nops++;
   /* The whole operation (every request it sends) has one deadline. */
-  uv_timer_start(&op->timer, on_deadline, api->cfg.timeout_ms, 0);
+  if (api->cfg.timeout_ms > 0)
+    uv_timer_start(&op->timer, on_deadline, api->cfg.timeout_ms, 0);
   return op;
 }
 
@@ -214,6 +223,14 @@ static void on_response(osr_http_creq_t *r, int status, const osr_http_header_t 
   op->http_status = status;
   if (op->api->cfg.on_head != NULL && !op->finishing)
     op->api->cfg.on_head(op, status, h, nh);
+}
+
+static void on_resend_timer(uv_timer_t *t)
+{
+  osr_rest_op_t *op = t->data;
+  if (op->api->cfg.timeout_ms > 0)
+    uv_timer_start(&op->timer, on_deadline, op->api->cfg.timeout_ms, 0);
+  op_send(op);
 }
 
 static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
@@ -231,12 +248,23 @@ static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, vo
     maybe_free(op);
     return;
   }
-  if (status == OSR_EOF)
-    op->api->cfg.on_answer(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
-  else
+  osr_rest_t *api = op->api;
+  if (status == OSR_EOF) {
+    api->cfg.on_answer(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
+  } else if (api->cfg.shared_h2 && status == OSR_ECLOSED && !api->closing && op->attempts < 2) {
+    /* Never reached the wire (the shared connection had died): safe to
+     * send again on a new connection, from the timer (not inside the
+     * client's callback). The deadline restarts. */
+    api->http_dead = 1;
+    uv_timer_stop(&op->timer);
+    uv_timer_start(&op->timer, on_resend_timer, 0, 0);
+  } else {
+    if (api->cfg.shared_h2 && status != OSR_ECANCELED)
+      api->http_dead = 1;
     osr_rest_finish(op, op->api->closing          ? OSR_ECANCELED
                         : status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT
                                                   : OSR_PERR_UNAVAILABLE);
+  }
   maybe_free(op);
 }
 
@@ -254,6 +282,36 @@ static void on_written(osr_http_creq_t *r, int status, void *arg)
 }
 
 static void on_connect(osr_http_client_t *c, int status, void *data);
+static void on_shared_connect(osr_http_client_t *c, int status, void *data);
+
+static void client_opts(const osr_rest_t *api, osr_http_client_opts_t *o)
+{
+  memset(o, 0, sizeof(*o));
+  o->tls = api->cfg.tls;
+  o->h2_prior_knowledge = api->cfg.shared_h2;
+  o->connect_timeout_ms =
+      api->cfg.connect_timeout_ms ? api->cfg.connect_timeout_ms : api->cfg.timeout_ms;
+  o->idle_timeout_ms = api->cfg.idle_timeout_ms ? api->cfg.idle_timeout_ms : api->cfg.timeout_ms;
+  o->limits.max_body = api->cfg.max_response;
+}
+
+static void fail_waiting(osr_rest_t *api, int status)
+{
+  for (osr_rest_op_t *op = api->ops_head; op != NULL; op = op->next)
+    if (op->waiting)
+      osr_rest_finish(op, status); /* clears waiting */
+}
+
+static void start_shared_connect(osr_rest_t *api)
+{
+  osr_http_client_opts_t o;
+  client_opts(api, &o);
+  if (osr_http_client_connect(api->loop, api->addr, &o, on_shared_connect, api) != 0) {
+    fail_waiting(api, OSR_PERR_UNAVAILABLE);
+    return;
+  }
+  api->connecting = 1;
+}
 
 static void op_send(osr_rest_op_t *op)
 {
@@ -262,13 +320,21 @@ static void op_send(osr_rest_op_t *op)
     osr_rest_finish(op, OSR_ECANCELED);
     return;
   }
-  if (op->http == NULL) {
+  if (api->cfg.shared_h2) {
+    if (api->http != NULL && api->http_dead) {
+      osr_http_client_close(api->http);
+      api->http = NULL;
+      api->http_dead = 0;
+    }
+    if (api->http == NULL) {
+      op->waiting = 1;
+      if (!api->connecting)
+        start_shared_connect(api);
+      return;
+    }
+  } else if (op->http == NULL) {
     osr_http_client_opts_t o;
-    memset(&o, 0, sizeof(o));
-    o.tls = api->cfg.tls;
-    o.connect_timeout_ms = api->cfg.timeout_ms;
-    o.idle_timeout_ms = api->cfg.timeout_ms;
-    o.limits.max_body = api->cfg.max_response;
+    client_opts(api, &o);
     int rv = osr_http_client_connect(api->loop, api->addr, &o, on_connect, op);
     if (rv != 0) {
       osr_rest_finish(op, OSR_PERR_UNAVAILABLE);
@@ -277,6 +343,8 @@ static void op_send(osr_rest_op_t *op)
     op->connecting = 1;
     return;
   }
+  osr_http_client_t *http = api->cfg.shared_h2 ? api->http : op->http;
+  op->attempts++;
   osr_buf_consume(&op->resp, op->resp.len);
   size_t blen = op->body != NULL ? strlen(op->body) : 0;
   osr_http_header_t hdr[sizeof(api->cfg.headers) / sizeof(api->cfg.headers[0]) + 1];
@@ -292,8 +360,15 @@ static void op_send(osr_rest_op_t *op)
       .nheaders = nh,
       .content_length = (int64_t)blen,
   };
-  int rv = osr_http_client_request(op->http, &req, &http_events, op, &op->creq);
+  int rv = osr_http_client_request(http, &req, &http_events, op, &op->creq);
+  if (rv == OSR_ECLOSED && api->cfg.shared_h2 && op->attempts < 2) {
+    api->http_dead = 1;
+    op_send(op); /* once more, on a new connection */
+    return;
+  }
   if (rv != 0) {
+    if (api->cfg.shared_h2)
+      api->http_dead = 1;
     osr_rest_finish(op, OSR_PERR_UNAVAILABLE);
     return;
   }
@@ -327,6 +402,35 @@ static void on_connect(osr_http_client_t *c, int status, void *data)
   op_send(op);
 }
 
+static void on_shared_connect(osr_http_client_t *c, int status, void *data)
+{
+  osr_rest_t *api = data;
+  api->connecting = 0;
+  if (api->closing) {
+    if (c != NULL)
+      osr_http_client_close(c);
+    fail_waiting(api, OSR_ECANCELED);
+    try_finish_close(api);
+    return;
+  }
+  if (status != 0) {
+    OSR_LOG_DEBUG(MOD, "%s: connect %s: %s", api->name, api->addr, osr_strerror(status));
+    /* Refused, reset or timed out: the provider is down. */
+    fail_waiting(api, status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT : OSR_PERR_UNAVAILABLE);
+    return;
+  }
+  api->http = c;
+  api->http_dead = 0;
+  /* op_send never unlinks ops (only freeing does, later), so walking the
+   * list while sending is safe. */
+  for (osr_rest_op_t *op = api->ops_head; op != NULL; op = op->next) {
+    if (op->waiting) {
+      op->waiting = 0;
+      op_send(op);
+    }
+  }
+}
+
 void osr_rest_send(osr_rest_op_t *op, const char *method, const char *target, const char *body)
 {
   if (op->finishing || op->delivered)
@@ -358,7 +462,7 @@ static void on_close_timer_closed(uv_handle_t *h)
 
 static void try_finish_close(osr_rest_t *api)
 {
-  if (api->close_done || api->nops > 0)
+  if (api->close_done || api->nops > 0 || api->connecting)
     return;
   api->close_done = 1;
   /* A handle's close completes on a later loop turn: the close callback
@@ -378,5 +482,11 @@ void osr_rest_close(osr_rest_t *api, void (*cb)(void *owner))
    * later), so walking the list is safe. */
   for (osr_rest_op_t *op = api->ops_head; op != NULL; op = op->next)
     osr_rest_finish(op, OSR_ECANCELED);
+  if (api->http != NULL) {
+    /* Outstanding requests end with OSR_ECANCELED in on_body. */
+    osr_http_client_t *c = api->http;
+    api->http = NULL;
+    osr_http_client_close(c);
+  }
   try_finish_close(api);
 }

@@ -28,9 +28,13 @@
  *
  * Transport failures finish the op for the adapter: no connection or reset
  * -> OSR_PERR_UNAVAILABLE, no answer by the deadline -> OSR_PERR_TIMEOUT,
- * closing -> OSR_ECANCELED. Each op has its own HTTP/1.1 connection, closed
- * when the op ends: provider calls are rare and slow (hundreds of ms), so a
- * pool would buy nothing measurable and cost reconnection logic.
+ * closing -> OSR_ECANCELED. By default each op has its own HTTP/1.1
+ * connection, closed when the op ends: provider calls are rare and slow
+ * (hundreds of ms), so a pool would buy nothing measurable and cost
+ * reconnection logic. With `shared_h2` every op shares one HTTP/2 (prior
+ * knowledge) connection instead, opened on demand and replaced when it
+ * dies; a request that never reached the wire (OSR_ECLOSED) is sent once
+ * more on the new one (osr-sim: many concurrent calls to a local peer).
  *
  * Threading: the loop thread only, like every adapter.
  */
@@ -52,7 +56,10 @@ typedef struct osr_rest_config_s {
   const char *addr;      /**< host:port to connect to; copied */
   const char *authority; /**< Host header; NULL = addr; copied */
   osr_tls_ctx_t *tls;    /**< NULL = plain HTTP; borrowed, must outlive the api */
-  uint64_t timeout_ms;   /**< each op's deadline (every request it sends), > 0 */
+  uint64_t timeout_ms;   /**< each op's deadline (every request it sends); 0 = none */
+  uint64_t connect_timeout_ms; /**< 0 = timeout_ms */
+  uint64_t idle_timeout_ms;    /**< the connection's; 0 = timeout_ms */
+  int shared_h2;         /**< one shared HTTP/2 connection (see above) */
   size_t max_response;   /**< largest answer body accepted (then unavailable) */
   /** Sent with every request (API key, user agent); at most 6, copied by
    *  reference: the strings must outlive the api. */

@@ -24,15 +24,16 @@
  *   url mode), accept_any (false: trust the caller's isolation/region/gpu
  *   choice instead of checking it against this manifest; osr-sim sets it).
  *
- * Every operation is an op with its own uv_timer. The timer is how results
- * are delivered: in-process creates fire it after the simulated latency,
- * everything else (and every url-mode answer) restarts it with timeout 0, so
- * a callback never runs inside the call that started the operation and
- * always runs exactly once. An op is freed when its timer is closed and (url
- * mode) its HTTP request has ended; close() waits for every op, and for a
- * connect in progress, before freeing the adapter state.
+ * In-process, every operation is an op with its own uv_timer. The timer is
+ * how results are delivered: creates fire it after the simulated latency,
+ * everything else restarts it with timeout 0, so a callback never runs
+ * inside the call that started the operation and always runs exactly once.
+ * In url mode every operation is a call on adapters/rest.h (one shared
+ * HTTP/2 connection to osr-sim, same guarantees). close() waits for every
+ * op and for the rest queue before freeing the adapter state.
  */
 #include "adapters/sim.h"
+#include "adapters/rest.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -40,7 +41,6 @@
 #include <string.h>
 
 #include "net/http.h"
-#include "util/buf.h"
 #include "util/log.h"
 #include "util/mem.h"
 
@@ -74,17 +74,6 @@ struct sim_op_s {
   osr_resource_t res;
   /* in-process create */
   int boot_fail;
-  /* url mode */
-  int waiting;          /* queued for a connection */
-  int resend;           /* the timer should send again, not deliver */
-  int attempts;
-  osr_http_creq_t *creq;
-  int creq_live;
-  int http_status;
-  char *req_body;       /* jansson memory (osr_json_free) */
-  char method[8];
-  char target[200];
-  osr_buf_t resp;
   osr_resource_t *list;
   size_t nlist;
   union {
@@ -95,6 +84,24 @@ struct sim_op_s {
   } cb;
   void *data;
 };
+
+/* The adapter's state of one url-mode call (a rest op's user area). */
+typedef struct sim_call_s {
+  osr_rest_op_t *rop;
+  sim_t *sim;
+  int kind;
+  char *req_body; /* jansson memory (osr_json_free) */
+  osr_resource_t res;
+  osr_resource_t *list;
+  size_t nlist;
+  union {
+    osr_provider_create_cb create;
+    osr_provider_done_cb done;
+    osr_provider_get_cb get;
+    osr_provider_list_cb list;
+  } cb;
+  void *data;
+} sim_call_t;
 
 struct sim_s {
   osr_provider_t *p;
@@ -126,9 +133,7 @@ struct sim_s {
   sim_op_t *ops_head, *ops_tail;
   size_t nops;
   /* url mode */
-  osr_http_client_t *http;
-  int http_dead;
-  int connecting;
+  osr_rest_t *api;
   /* close */
   int closing, close_done;
   uv_timer_t close_timer;
@@ -431,6 +436,10 @@ static int parse_config(sim_t *s, const json_t *cfg, char *err, size_t errlen)
   return 0;
 }
 
+static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len);
+static void call_deliver(osr_rest_op_t *rop, int status);
+static void call_release(osr_rest_op_t *rop);
+
 static int sim_init(osr_provider_t *p, const json_t *config, char *err, size_t errlen)
 {
   sim_t *s = osr_xcalloc(1, sizeof(*s));
@@ -458,6 +467,24 @@ static int sim_init(osr_provider_t *p, const json_t *config, char *err, size_t e
   /* xorshift's one forbidden state. */
   if (s->rng == 0)
     s->rng = 0x9E3779B97F4A7C15ULL;
+  if (s->url_mode) {
+    osr_rest_config_t rc = {
+        .name = p->name,
+        .addr = s->addr,
+        /* HTTP/2 with prior knowledge: one connection carries every
+         * concurrent request, where HTTP/1.1 would queue them behind each
+         * other. No per-call deadline: the connection's idle timeout. */
+        .shared_h2 = 1,
+        .connect_timeout_ms = s->timeout_ms < 5000 ? s->timeout_ms : 5000,
+        .idle_timeout_ms = s->timeout_ms,
+        .max_response = SIM_MAX_RESPONSE,
+        .user_size = sizeof(sim_call_t),
+        .on_answer = call_answer,
+        .on_deliver = call_deliver,
+        .on_release = call_release,
+    };
+    s->api = osr_rest_new(p->loop, &rc, s);
+  }
   p->impl = s;
   return 0;
 }
@@ -590,9 +617,6 @@ static void op_free(sim_op_t *op)
   else
     s->ops_tail = op->prev;
   s->nops--;
-  if (op->req_body != NULL)
-    osr_json_free(op->req_body);
-  osr_buf_dispose(&op->resp);
   osr_free(op->list);
   osr_free(op);
   if (s->closing)
@@ -601,7 +625,7 @@ static void op_free(sim_op_t *op)
 
 static void maybe_free(sim_op_t *op)
 {
-  if (op->timer_closed && !op->creq_live)
+  if (op->timer_closed)
     op_free(op);
 }
 
@@ -612,26 +636,31 @@ static void on_op_timer_closed(uv_handle_t *h)
   maybe_free(op);
 }
 
+/* The caller's callback for an op of `kind` (both modes). */
+#define DELIVER(p_, kind_, cbu_, data_, st_, res_, lst_, nl_)                                      \
+  do {                                                                                             \
+    int ok_ = (st_) == 0;                                                                          \
+    switch (kind_) {                                                                               \
+    case OP_CREATE:                                                                                \
+      (cbu_).create((p_), (st_), ok_ ? (res_) : NULL, (data_));                                    \
+      break;                                                                                       \
+    case OP_GET:                                                                                   \
+      (cbu_).get((p_), (st_), ok_ ? (res_) : NULL, (data_));                                       \
+      break;                                                                                       \
+    case OP_DESTROY:                                                                               \
+      (cbu_).done((p_), (st_), (data_));                                                           \
+      break;                                                                                       \
+    case OP_LIST:                                                                                  \
+      (cbu_).list((p_), (st_), ok_ ? (lst_) : NULL, ok_ ? (nl_) : 0, (data_));                     \
+      break;                                                                                       \
+    }                                                                                              \
+  } while (0)
+
 /* Run the user callback once, then let the op go. */
 static void deliver(sim_op_t *op)
 {
-  osr_provider_t *p = op->sim->p;
   op->delivered = 1;
-  switch (op->kind) {
-  case OP_CREATE:
-    op->cb.create(p, op->status, op->status == 0 ? &op->res : NULL, op->data);
-    break;
-  case OP_GET:
-    op->cb.get(p, op->status, op->status == 0 ? &op->res : NULL, op->data);
-    break;
-  case OP_DESTROY:
-    op->cb.done(p, op->status, op->data);
-    break;
-  case OP_LIST:
-    op->cb.list(p, op->status, op->status == 0 ? op->list : NULL, op->status == 0 ? op->nlist : 0,
-                op->data);
-    break;
-  }
+  DELIVER(op->sim->p, op->kind, op->cb, op->data, op->status, &op->res, op->list, op->nlist);
   uv_close((uv_handle_t *)&op->timer, on_op_timer_closed);
 }
 
@@ -644,7 +673,6 @@ static void op_finish(sim_op_t *op, int status)
     return;
   op->finishing = 1;
   op->status = status;
-  op->resend = 0;
   uv_timer_stop(&op->timer);
   uv_timer_start(&op->timer, on_op_timer, 0, 0);
 }
@@ -657,7 +685,6 @@ static sim_op_t *op_new(sim_t *s, int kind, void *data)
   op->data = data;
   uv_timer_init(s->p->loop, &op->timer);
   op->timer.data = op;
-  osr_buf_init(&op->resp, SIM_MAX_RESPONSE);
   op->prev = s->ops_tail;
   if (s->ops_tail != NULL)
     s->ops_tail->next = op;
@@ -785,23 +812,13 @@ static void run_local(sim_op_t *op)
   }
 }
 
-static void op_start_http(sim_op_t *op);
-
 static void on_op_timer(uv_timer_t *t)
 {
   sim_op_t *op = t->data;
-  sim_t *s = op->sim;
-  if (op->resend) {
-    op->resend = 0;
-    op_start_http(op);
-    return;
-  }
   if (op->finishing) {
     deliver(op);
     return;
   }
-  if (s->url_mode) /* not reached: url-mode ops only use op_finish */
-    return;
   if (op->kind == OP_CREATE)
     on_create_latency(op);
   else {
@@ -838,12 +855,12 @@ static int map_http_error(int http_status, const char *name)
   }
 }
 
-static void http_done(sim_op_t *op)
+/* osr-sim answered (rest.h on_answer). */
+static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
 {
+  sim_call_t *c = osr_rest_user(rop);
   json_error_t jerr;
-  const char *body = osr_buf_data(&op->resp);
-  json_t *j = body != NULL ? json_loadb(body, op->resp.len, 0, &jerr) : NULL;
-  int st = op->http_status;
+  json_t *j = body != NULL ? json_loadb(body, len, 0, &jerr) : NULL;
   int status = 0;
 
   if (st < 200 || st > 299) {
@@ -851,189 +868,53 @@ static void http_done(sim_op_t *op)
     if (j != NULL)
       json_unpack(j, "{s:s}", "error", &name);
     status = map_http_error(st, name);
-  } else if (op->kind == OP_CREATE || op->kind == OP_GET) {
-    if (j == NULL || osr__sim_resource_from_json(j, &op->res, NULL) != 0)
+  } else if (c->kind == OP_CREATE || c->kind == OP_GET) {
+    if (j == NULL || osr__sim_resource_from_json(j, &c->res, NULL) != 0)
       status = OSR_PERR_UNAVAILABLE; /* osr-sim answered nonsense */
-  } else if (op->kind == OP_LIST) {
+  } else if (c->kind == OP_LIST) {
     json_t *arr = j != NULL ? json_object_get(j, "resources") : NULL;
     size_t n = json_array_size(arr);
     if (!json_is_array(arr)) {
       status = OSR_PERR_UNAVAILABLE;
     } else if (n > 0) {
-      op->list = osr_try_malloc(n * sizeof(*op->list));
-      if (op->list == NULL) {
+      c->list = osr_try_malloc(n * sizeof(*c->list));
+      if (c->list == NULL) {
         status = OSR_ENOMEM;
       } else {
         for (size_t i = 0; i < n && status == 0; i++)
-          if (osr__sim_resource_from_json(json_array_get(arr, i), &op->list[i], NULL) != 0)
+          if (osr__sim_resource_from_json(json_array_get(arr, i), &c->list[i], NULL) != 0)
             status = OSR_PERR_UNAVAILABLE;
-        op->nlist = n;
+        c->nlist = n;
       }
     }
   }
   json_decref(j);
-  op_finish(op, status);
+  osr_rest_finish(rop, status);
 }
 
-static void on_http_response(osr_http_creq_t *r, int status, const osr_http_header_t *h,
-                             size_t nh, void *data)
+static void call_deliver(osr_rest_op_t *rop, int status)
 {
-  sim_op_t *op = data;
-  op->http_status = status;
+  sim_call_t *c = osr_rest_user(rop);
+  DELIVER(c->sim->p, c->kind, c->cb, c->data, status, &c->res, c->list, c->nlist);
 }
 
-static void on_http_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
+static void call_release(osr_rest_op_t *rop)
 {
-  sim_op_t *op = data;
-  sim_t *s = op->sim;
-  if (status == 0) {
-    if (osr_buf_append(&op->resp, chunk->base, chunk->len) != 0)
-      osr_http_creq_cancel(r); /* final on_body follows with OSR_ECANCELED */
-    return;
-  }
-  /* The final callback: the request is freed after it returns. */
-  op->creq = NULL;
-  op->creq_live = 0;
-  if (status == OSR_EOF) {
-    http_done(op);
-  } else if (status == OSR_ECLOSED && !s->closing && op->attempts < 2) {
-    /* Never reached the wire (the connection had died): safe to send
-     * again on a new connection, from the timer (not inside the client's
-     * callback). */
-    s->http_dead = 1;
-    op->resend = 1;
-    uv_timer_start(&op->timer, on_op_timer, 0, 0);
-  } else {
-    if (status != OSR_ECANCELED)
-      s->http_dead = 1;
-    /* A reset, an oversized or cut answer: osr-sim is not answering
-     * properly, which is what "unavailable" means to the caller. */
-    op_finish(op, s->closing                ? OSR_ECANCELED
-                  : status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT
-                                            : OSR_PERR_UNAVAILABLE);
-  }
-  maybe_free(op);
+  sim_call_t *c = osr_rest_user(rop);
+  if (c->req_body != NULL)
+    osr_json_free(c->req_body);
+  osr_free(c->list);
 }
 
-static const osr_http_client_events_t http_events = {
-  .on_response = on_http_response,
-  .on_body = on_http_body,
-};
-
-static void on_http_written(osr_http_creq_t *r, int status, void *arg)
+static sim_call_t *call_new(sim_t *s, int kind, void *data)
 {
-  /* Nothing to do: the body lives in the op until the request ends. */
-}
-
-static void start_connect(sim_t *s);
-
-static void op_start_http(sim_op_t *op)
-{
-  sim_t *s = op->sim;
-  if (s->closing) {
-    op_finish(op, OSR_ECANCELED);
-    return;
-  }
-  if (s->http != NULL && s->http_dead) {
-    osr_http_client_close(s->http);
-    s->http = NULL;
-    s->http_dead = 0;
-  }
-  if (s->http == NULL) {
-    op->waiting = 1;
-    if (!s->connecting)
-      start_connect(s);
-    return;
-  }
-  op->attempts++;
-  osr_http_header_t hdr[1] = {{OSR_IOV_LIT("content-type"), OSR_IOV_LIT("application/json")}};
-  size_t blen = op->req_body != NULL ? strlen(op->req_body) : 0;
-  osr_http_client_req_t req = {
-    .method = op->method,
-    .target = op->target,
-    .headers = hdr,
-    .nheaders = blen > 0 ? 1 : 0,
-    .content_length = (int64_t)blen,
-  };
-  int rv = osr_http_client_request(s->http, &req, &http_events, op, &op->creq);
-  if (rv == OSR_ECLOSED && op->attempts < 2) {
-    s->http_dead = 1;
-    op_start_http(op);
-    return;
-  }
-  if (rv != 0) {
-    s->http_dead = 1;
-    op_finish(op, OSR_PERR_UNAVAILABLE);
-    return;
-  }
-  op->creq_live = 1;
-  if (blen > 0) {
-    osr_iovec_t iov = osr_iov(op->req_body, blen);
-    if (osr_http_creq_write(op->creq, &iov, 1, 1, on_http_written, op) != 0)
-      osr_http_creq_cancel(op->creq); /* its final on_body reports the failure */
-  }
-}
-
-static void fail_waiting(sim_t *s, int status)
-{
-  for (sim_op_t *op = s->ops_head; op != NULL; op = op->next) {
-    if (op->waiting) {
-      op->waiting = 0;
-      op_finish(op, status);
-    }
-  }
-}
-
-static void on_connect(osr_http_client_t *c, int status, void *data)
-{
-  sim_t *s = data;
-  s->connecting = 0;
-  if (s->closing) {
-    if (c != NULL)
-      osr_http_client_close(c);
-    fail_waiting(s, OSR_ECANCELED);
-    try_finish_close(s);
-    return;
-  }
-  if (status != 0) {
-    OSR_LOG_DEBUG(MOD, "%s: connect %s: %s", s->p->name, s->addr, osr_strerror(status));
-    /* Connection refused, reset or timed out: the provider is down. */
-    fail_waiting(s, status == OSR_ETIMEDOUT ? OSR_PERR_TIMEOUT : OSR_PERR_UNAVAILABLE);
-    return;
-  }
-  s->http = c;
-  s->http_dead = 0;
-  /* op_start_http never unlinks ops (only freeing does, later), so walking
-   * the list while sending is safe. */
-  for (sim_op_t *op = s->ops_head; op != NULL; op = op->next) {
-    if (op->waiting) {
-      op->waiting = 0;
-      op_start_http(op);
-    }
-  }
-}
-
-static void start_connect(sim_t *s)
-{
-  osr_http_client_opts_t o;
-  memset(&o, 0, sizeof(o));
-  /* HTTP/2 with prior knowledge: one connection carries every concurrent
-   * request, where HTTP/1.1 would queue them behind each other. */
-  o.h2_prior_knowledge = 1;
-  o.connect_timeout_ms = s->timeout_ms < 5000 ? s->timeout_ms : 5000;
-  o.idle_timeout_ms = s->timeout_ms;
-  int rv = osr_http_client_connect(s->p->loop, s->addr, &o, on_connect, s);
-  if (rv != 0) {
-    fail_waiting(s, OSR_PERR_UNAVAILABLE);
-    return;
-  }
-  s->connecting = 1;
-}
-
-static void set_target(sim_op_t *op, const char *method, const char *prefix, const char *rest)
-{
-  copy_str(op->method, sizeof(op->method), method);
-  snprintf(op->target, sizeof(op->target), "%s%s", prefix, rest);
+  osr_rest_op_t *rop = osr_rest_op_new(s->api, kind);
+  sim_call_t *c = osr_rest_user(rop);
+  c->rop = rop;
+  c->sim = s;
+  c->kind = kind;
+  c->data = data;
+  return c;
 }
 
 /* Ids go into a URL path: accept only what a sim id can contain. */
@@ -1072,10 +953,9 @@ static int sim_create(osr_provider_t *p, const osr_sandbox_spec_t *spec, osr_pro
   if (spec == NULL || cb == NULL || spec->sandbox_id == NULL || spec->sandbox_id[0] == '\0' ||
       strlen(spec->sandbox_id) >= OSR_NAME_MAX)
     return OSR_EINVAL;
-  sim_op_t *op = op_new(s, OP_CREATE, data);
-  op->cb.create = cb;
-
   if (s->url_mode) {
+    sim_call_t *c = call_new(s, OP_CREATE, data);
+    c->cb.create = cb;
     const char *iso = osr_isolation_name(spec->isolation);
     json_t *b = json_pack("{s:s,s:s,s:s,s:s?,s:s,s:I,s:o,s:{s:s,s:s}}", "sandbox_id",
                           spec->sandbox_id, "tenant", spec->tenant != NULL ? spec->tenant : "",
@@ -1084,16 +964,17 @@ static int sim_create(osr_provider_t *p, const osr_sandbox_spec_t *spec, osr_pro
                           "timeout_s", (json_int_t)spec->timeout_s, "caps", caps_json(&spec->caps),
                           "labels", OSR_LABEL_SANDBOX_ID, spec->sandbox_id, OSR_LABEL_TENANT,
                           spec->tenant != NULL ? spec->tenant : "");
-    op->req_body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
+    c->req_body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
-    if (op->req_body == NULL) {
-      op_finish(op, OSR_ENOMEM);
+    if (c->req_body == NULL) {
+      osr_rest_finish(c->rop, OSR_ENOMEM);
       return 0;
     }
-    set_target(op, "POST", "/v1/resources", "");
-    op_start_http(op);
+    osr_rest_send(c->rop, "POST", "/v1/resources", c->req_body);
     return 0;
   }
+  sim_op_t *op = op_new(s, OP_CREATE, data);
+  op->cb.create = cb;
 
   /* Every create draws the same numbers in the same order, so a seeded
    * run is reproducible whatever the outcomes. */
@@ -1129,6 +1010,26 @@ static int start_simple(osr_provider_t *p, int kind, const char *provider_id, vo
     return OSR_ECLOSED;
   if (cb == NULL || (kind != OP_LIST && provider_id == NULL))
     return OSR_EINVAL;
+  if (s->url_mode) {
+    sim_call_t *c = call_new(s, kind, data);
+    if (kind == OP_DESTROY)
+      c->cb.done = (osr_provider_done_cb)cb;
+    else if (kind == OP_GET)
+      c->cb.get = (osr_provider_get_cb)cb;
+    else
+      c->cb.list = (osr_provider_list_cb)cb;
+    if (kind != OP_LIST && !id_ok(provider_id)) {
+      osr_rest_finish(c->rop, OSR_PERR_NOT_FOUND); /* no such id can exist */
+      return 0;
+    }
+    char target[200];
+    if (kind == OP_LIST)
+      snprintf(target, sizeof(target), "/v1/resources?label=%s", OSR_LABEL_SANDBOX_ID);
+    else
+      snprintf(target, sizeof(target), "/v1/resources/%s", provider_id);
+    osr_rest_send(c->rop, kind == OP_DESTROY ? "DELETE" : "GET", target, NULL);
+    return 0;
+  }
   sim_op_t *op = op_new(s, kind, data);
   switch (kind) {
   case OP_DESTROY:
@@ -1143,21 +1044,7 @@ static int start_simple(osr_provider_t *p, int kind, const char *provider_id, vo
   }
   if (provider_id != NULL)
     copy_str(op->provider_id, sizeof(op->provider_id), provider_id);
-  if (!s->url_mode) {
-    uv_timer_start(&op->timer, on_op_timer, 0, 0);
-    return 0;
-  }
-  if (kind != OP_LIST && !id_ok(provider_id)) {
-    op_finish(op, OSR_PERR_NOT_FOUND); /* no such id can exist */
-    return 0;
-  }
-  if (kind == OP_DESTROY)
-    set_target(op, "DELETE", "/v1/resources/", provider_id);
-  else if (kind == OP_GET)
-    set_target(op, "GET", "/v1/resources/", provider_id);
-  else
-    set_target(op, "GET", "/v1/resources?label=", OSR_LABEL_SANDBOX_ID);
-  op_start_http(op);
+  uv_timer_start(&op->timer, on_op_timer, 0, 0);
   return 0;
 }
 
@@ -1190,9 +1077,16 @@ static void on_close_timer_closed(uv_handle_t *h)
     cb(p);
 }
 
+static void on_api_closed(void *owner)
+{
+  sim_t *s = owner;
+  s->api = NULL;
+  try_finish_close(s);
+}
+
 static void try_finish_close(sim_t *s)
 {
-  if (s->close_done || s->nops > 0 || s->connecting)
+  if (s->close_done || s->nops > 0 || s->api != NULL)
     return;
   s->close_done = 1;
   /* Closing a handle always completes on a later loop turn, so the close
@@ -1209,18 +1103,10 @@ static void sim_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
   s->close_cb = cb;
   uv_timer_init(p->loop, &s->close_timer);
   s->close_timer.data = s;
-  for (sim_op_t *op = s->ops_head; op != NULL; op = op->next) {
-    op->waiting = 0;
-    if (op->creq_live)
-      continue; /* cancelled with the connection below */
+  for (sim_op_t *op = s->ops_head; op != NULL; op = op->next)
     op_finish(op, OSR_ECANCELED);
-  }
-  if (s->http != NULL) {
-    /* Outstanding requests end with OSR_ECANCELED in on_http_body. */
-    osr_http_client_t *c = s->http;
-    s->http = NULL;
-    osr_http_client_close(c);
-  }
+  if (s->api != NULL)
+    osr_rest_close(s->api, on_api_closed); /* its calls end OSR_ECANCELED */
   try_finish_close(s);
 }
 

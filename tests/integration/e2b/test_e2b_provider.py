@@ -426,12 +426,34 @@ class OrphanList(Base, unittest.TestCase):
         self.assertEqual(st, 204)
 
 
+def unread_bytes_to(port):
+    """Bytes waiting in established loopback TCP connections to `port`
+    (/proc/net/tcp rx_queue): a request a frozen server has not read."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for ln in f:
+            parts = ln.split()
+            lport = int(parts[1].split(":")[1], 16)
+            if lport == port and parts[3] == "01":
+                total += int(parts[4].split(":")[1], 16)
+    return total
+
+
 class Recovery(Base, unittest.TestCase):
     """kill -9 of the outer gateway between the intent row and E2B's
     answer. The created sandbox is then known to the fake only (list() finds
     it by its label) and E2B's ListedSandbox has no envdAccessToken, so
     recovery must complete it through adopt() (SandboxDetail, sealed with the
     agent token) for the data plane to reach it."""
+
+    outer_stopped = False
+
+    def tearDown(self):
+        if self.outer_stopped:  # a failed assertion left it frozen
+            self.outer.kill9()
+            self.outer.restart()
+        super().tearDown()
 
     def test_kill9_mid_create_adopts_working_sandbox(self):
         self.start_outer(outer_cfg(self.fake, None, {"reaper": {"interval_ms": 500}}))
@@ -462,9 +484,16 @@ class Recovery(Base, unittest.TestCase):
                     time.sleep(0.05)
             self.assertEqual(len(creating), 1, self.logs())
             sid = creating[0]["id"]
+            # The intent row is written before the provider call: wait
+            # until the create request sits unread in the fake's socket.
+            end = time.time() + 30
+            while time.time() < end and unread_bytes_to(self.fake.srv.port) == 0:
+                time.sleep(0.02)
+            self.assertGreater(unread_bytes_to(self.fake.srv.port), 0, self.logs())
             # 2. Freeze the outer, let the fake create; its answer never
             # gets read: the outer dies with the row still creating.
             os.kill(outer_pid, signal.SIGSTOP)
+            self.outer_stopped = True
         finally:
             os.kill(fake_pid, signal.SIGCONT)
         labelled = []
@@ -478,7 +507,18 @@ class Recovery(Base, unittest.TestCase):
         self.assertEqual(len(labelled), 1, self.logs())
         fake_id = labelled[0]["sandboxID"]
         self.assertNotIn("envdAccessToken", labelled[0])  # ListedSandbox: no token
+        # The fake lists a sandbox while it still starts; its answer to the
+        # (frozen) outer is written once it runs, i.e. once its detail
+        # carries the envd token: that is the moment to kill.
+        end = time.time() + 60
+        detail = {}
+        while time.time() < end and not detail.get("envdAccessToken"):
+            st, _, detail = self.fake_sandbox(fake_id)
+            if not detail.get("envdAccessToken"):
+                time.sleep(0.1)
+        self.assertTrue(detail.get("envdAccessToken"), detail)
         self.outer.kill9()
+        self.outer_stopped = False
         t.join(15)
         self.assertIsInstance(result.get("r"), OSError)  # no answer ever came
 

@@ -31,13 +31,11 @@
 #include <string.h>
 
 #include "net/http.h"
+#include "contract.h"
 #include "osr/adapter.h"
 #include "token/token.h"
 #include "util/mem.h"
 
-static uv_loop_t loop;
-static int in_call;    /* set while an adapter function runs */
-static int sync_calls; /* callbacks that ran inside the call: must stay 0 */
 
 /* ---- the fake E2B ----------------------------------------------------------- */
 
@@ -57,6 +55,7 @@ static struct {
   int port;
   int create_status; /* 0 = 201, -1 = never answer, else this status */
   int n_create, n_list_pages, n_pause, n_connect, n_delete;
+  int notoken; /* GET /sandboxes/{id} answers without envdAccessToken */
   json_t *last_create; /* the last create body */
   fake_sbx_t sbx[FAKE_MAX];
   int nsbx;
@@ -194,6 +193,8 @@ static void fake_request(osr_http_req_t *req, void *data)
       json_t *j = sandbox_json(s);
       json_object_set(j, "metadata", s->metadata);
       json_object_set_new(j, "state", json_string(s->paused ? "paused" : "running"));
+      if (fake.notoken)
+        json_object_del(j, "envdAccessToken");
       reply(req, 200, j, NULL);
     } else if (strcmp(method, "DELETE") == 0 && tail[0] == '\0') {
       fake.n_delete++;
@@ -244,7 +245,6 @@ static void on_fake_closed(osr_http_server_t *srv, void *data)
   fake_closed = 1;
 }
 
-static void run_until(const int *flag, uint64_t ms);
 
 static void fake_stop(void)
 {
@@ -262,68 +262,6 @@ static void fake_stop(void)
 }
 
 /* ---- harness ------------------------------------------------------------------ */
-
-typedef struct res_s {
-  int calls;
-  int status;
-  osr_resource_t res;
-  osr_resource_t list[16];
-  size_t n;
-} res_t;
-
-static void note_call(res_t *r, int status)
-{
-  if (in_call)
-    sync_calls++;
-  r->calls++;
-  r->status = status;
-}
-
-static void on_create(osr_provider_t *p, int status, const osr_resource_t *res, void *data)
-{
-  (void)p;
-  res_t *r = data;
-  note_call(r, status);
-  if (status == 0) {
-    assert_non_null(res);
-    r->res = *res;
-  } else {
-    assert_null(res);
-  }
-}
-
-static void on_done(osr_provider_t *p, int status, void *data)
-{
-  (void)p;
-  note_call(data, status);
-}
-
-static void on_list(osr_provider_t *p, int status, const osr_resource_t *res, size_t n, void *data)
-{
-  (void)p;
-  res_t *r = data;
-  note_call(r, status);
-  r->n = n;
-  for (size_t i = 0; i < n && i < 16; i++)
-    r->list[i] = res[i];
-}
-
-static void on_tick(uv_timer_t *t)
-{
-  (void)t;
-}
-
-static void run_until(const int *flag, uint64_t ms)
-{
-  uv_timer_t guard;
-  uv_timer_init(&loop, &guard);
-  uv_timer_start(&guard, on_tick, 5, 5);
-  uint64_t end = uv_now(&loop) + ms;
-  while (!*flag && uv_now(&loop) < end)
-    uv_run(&loop, UV_RUN_ONCE);
-  uv_close((uv_handle_t *)&guard, NULL);
-  uv_run(&loop, UV_RUN_NOWAIT);
-}
 
 static osr_provider_t *e2b_new(const char *extra_json, char *errbuf, size_t errlen, int *rv)
 {
@@ -357,26 +295,6 @@ static osr_provider_t *e2b_ok(const char *extra_json)
   if (p == NULL)
     fail_msg("init: %s", e);
   return p;
-}
-
-static int closed;
-static void on_closed(osr_provider_t *p)
-{
-  if (in_call)
-    sync_calls++;
-  closed++;
-  assert_null(p->impl);
-}
-
-static void e2b_free(osr_provider_t *p)
-{
-  closed = 0;
-  in_call = 1;
-  p->adapter->close(p, on_closed);
-  in_call = 0;
-  run_until(&closed, 5000);
-  assert_int_equal(closed, 1);
-  osr_free(p);
 }
 
 static char agent_tok[65];
@@ -541,7 +459,7 @@ static void test_contract_lifecycle(void **state)
   assert_int_equal(d.status, OSR_PERR_NOT_FOUND);
   assert_int_equal(fake.n_delete, before);
 
-  e2b_free(p);
+  adapter_free(p);
   fake_stop();
   assert_int_equal(sync_calls, 0);
 }
@@ -563,7 +481,7 @@ static void test_sandbox_url(void **state)
   char plain[OSR_UPSTREAM_PLAIN_MAX + 1];
   open_endpoint(c.res.agent_endpoint, "osrsbx0000000000000u", plain, sizeof(plain));
   assert_string_equal(plain, "v1\nsbx1.unit.test\n1\n");
-  e2b_free(p);
+  adapter_free(p);
   fake_stop();
   assert_int_equal(sync_calls, 0);
 }
@@ -587,7 +505,7 @@ static void test_contract_bad_args(void **state)
   run_until(&r.calls, 50);
   assert_int_equal(r.calls, 0);
   assert_int_equal(fake.n_create, 0);
-  e2b_free(p);
+  adapter_free(p);
   fake_stop();
 }
 
@@ -660,7 +578,7 @@ static void test_contract_concurrent(void **state)
     for (int j = 0; j < i; j++)
       assert_string_not_equal(r[i].res.provider_id, r[j].res.provider_id);
   }
-  e2b_free(p);
+  adapter_free(p);
   fake_stop();
   assert_int_equal(sync_calls, 0);
 }
@@ -682,7 +600,7 @@ static void test_failure_mapping(void **state)
     create_sync(p, "osrsbx0000000000000f", &c);
     assert_int_equal(c.status, map[i].err);
   }
-  e2b_free(p);
+  adapter_free(p);
 
   /* A wrong key: the fake's 401 -> auth, never retryable. */
   fake.create_status = 0;
@@ -692,7 +610,7 @@ static void test_failure_mapping(void **state)
   create_sync(p, "osrsbx0000000000000w", &c);
   assert_int_equal(c.status, OSR_PERR_AUTH);
   assert_false(osr_provider_err_retryable(c.status));
-  e2b_free(p);
+  adapter_free(p);
   setenv("E2B_UNIT_KEY", FAKE_KEY, 1);
 
   /* No agent token: cannot seal, so no request at all; another provider may. */
@@ -712,14 +630,14 @@ static void test_failure_mapping(void **state)
   assert_int_equal(do_create_spec(p, &spec, &c), 0);
   run_until(&c.calls, 5000);
   assert_int_equal(c.status, OSR_PERR_INVALID);
-  e2b_free(p);
+  adapter_free(p);
 
   /* No answer within timeout_ms. */
   fake.create_status = -1;
   p = e2b_ok("\"timeout_ms\": 200");
   create_sync(p, "osrsbx0000000000000t", &c);
   assert_int_equal(c.status, OSR_PERR_TIMEOUT);
-  e2b_free(p);
+  adapter_free(p);
   fake_stop();
 
   /* Connection refused: the fake is gone. */
@@ -730,7 +648,7 @@ static void test_failure_mapping(void **state)
   res_t l;
   SIMPLE_SYNC(p->adapter->list(p, on_list, &l), &l);
   assert_int_equal(l.status, OSR_PERR_UNAVAILABLE);
-  e2b_free(p);
+  adapter_free(p);
   assert_int_equal(sync_calls, 0);
 }
 
@@ -785,7 +703,7 @@ static void test_honest_manifest(void **state)
   assert_null(in->regions[1]);
   assert_true(in->price_vcpu_per_s > 0.000013 && in->price_vcpu_per_s < 0.000015);
   assert_true(in->price_gib_per_s > 0.0000044 && in->price_gib_per_s < 0.0000046);
-  e2b_free(p);
+  adapter_free(p);
   fake_stop();
 }
 
@@ -825,6 +743,12 @@ static void test_adopt(void **state)
               &a);
   assert_int_equal(a.status, 0);
   assert_int_equal(a.res.state, OSR_RES_PAUSED);
+  /* Still starting (no envd token yet): not adoptable now, not gone. */
+  fake.notoken = 1;
+  SIMPLE_SYNC(p->adapter->adopt(p, c.res.provider_id, "osrsbx00000000000011", tok, on_create, &a),
+              &a);
+  assert_int_equal(a.status, OSR_PERR_UNAVAILABLE);
+  fake.notoken = 0;
   /* The label names another OSR sandbox: not this one's to adopt. */
   SIMPLE_SYNC(p->adapter->adopt(p, c.res.provider_id, "osrsbx00000000000099", tok, on_create, &a),
               &a);
@@ -844,7 +768,7 @@ static void test_adopt(void **state)
                    OSR_EINVAL);
   run_until(&a.calls, 50);
   assert_int_equal(a.calls, 0);
-  e2b_free(p);
+  adapter_free(p);
   fake_stop();
   assert_int_equal(sync_calls, 0);
 }

@@ -24,79 +24,10 @@
 #include <unistd.h>
 
 #include "adapters/sim.h"
+#include "contract.h"
 #include "util/mem.h"
 
-static uv_loop_t loop;
 static const char *sim_url;
-static int in_call;     /* set while an adapter function runs */
-static int sync_calls;  /* callbacks that ran inside the call: must stay 0 */
-
-typedef struct res_s {
-  int calls;
-  int status;
-  osr_resource_t res;
-  size_t n;
-  int found;      /* list: our sandbox id was in it */
-  osr_resource_state_t found_state;
-  const char *want; /* list: the sandbox id to look for */
-} res_t;
-
-static void note_call(res_t *r, int status)
-{
-  if (in_call)
-    sync_calls++;
-  r->calls++;
-  r->status = status;
-}
-
-static void on_create(osr_provider_t *p, int status, const osr_resource_t *res, void *data)
-{
-  res_t *r = data;
-  note_call(r, status);
-  if (status == 0) {
-    assert_non_null(res);
-    r->res = *res;
-  } else {
-    assert_null(res);
-  }
-}
-
-static void on_done(osr_provider_t *p, int status, void *data)
-{
-  note_call(data, status);
-}
-
-static void on_list(osr_provider_t *p, int status, const osr_resource_t *res, size_t n, void *data)
-{
-  res_t *r = data;
-  note_call(r, status);
-  r->n = n;
-  r->found = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (r->want != NULL && strcmp(res[i].sandbox_id, r->want) == 0) {
-      r->found++;
-      r->found_state = res[i].state;
-    }
-  }
-}
-
-static void on_tick(uv_timer_t *t)
-{
-  (void)t;
-}
-
-/* Run the loop until *flag becomes non-zero or `ms` pass (bounded). */
-static void run_until(const int *flag, uint64_t ms)
-{
-  uv_timer_t guard;
-  uv_timer_init(&loop, &guard);
-  uv_timer_start(&guard, on_tick, 5, 5);
-  uint64_t end = uv_now(&loop) + ms;
-  while (!*flag && uv_now(&loop) < end)
-    uv_run(&loop, UV_RUN_ONCE);
-  uv_close((uv_handle_t *)&guard, NULL);
-  uv_run(&loop, UV_RUN_NOWAIT);
-}
 
 static osr_provider_t *sim_new_mode(const char *json, int url_mode)
 {
@@ -122,26 +53,6 @@ static osr_provider_t *sim_new_mode(const char *json, int url_mode)
 static osr_provider_t *sim_new(const char *json)
 {
   return sim_new_mode(json, 1);
-}
-
-static int closed;
-static void on_closed(osr_provider_t *p)
-{
-  if (in_call)
-    sync_calls++;
-  closed++;
-  assert_null(p->impl);
-}
-
-static void sim_free(osr_provider_t *p)
-{
-  closed = 0;
-  in_call = 1;
-  p->adapter->close(p, on_closed);
-  in_call = 0;
-  run_until(&closed, 5000);
-  assert_int_equal(closed, 1);
-  osr_free(p);
 }
 
 static void spec_init(osr_sandbox_spec_t *s, const char *id)
@@ -258,7 +169,7 @@ static void test_contract_lifecycle(void **state)
   get_sync(p, "no/such id", &g);
   assert_int_equal(g.status, OSR_PERR_NOT_FOUND);
 
-  sim_free(p);
+  adapter_free(p);
   assert_int_equal(sync_calls, 0);
 }
 
@@ -276,7 +187,7 @@ static void test_contract_bad_args(void **state)
   assert_int_equal(p->adapter->list(p, NULL, &r), OSR_EINVAL);
   uv_run(&loop, UV_RUN_NOWAIT);
   assert_int_equal(r.calls, 0); /* an error return means no callback */
-  sim_free(p);
+  adapter_free(p);
 }
 
 static void test_contract_close_inflight(void **state)
@@ -335,7 +246,7 @@ static void test_contract_concurrent(void **state)
     destroy_sync(p, r[i].res.provider_id, &d);
     assert_int_equal(d.status, 0);
   }
-  sim_free(p);
+  adapter_free(p);
   assert_int_equal(sync_calls, 0);
 }
 
@@ -355,7 +266,7 @@ static void test_contract_reconnect(void **state)
     int never = 0;
     run_until(&never, 400);
   }
-  sim_free(p);
+  adapter_free(p);
   assert_int_equal(sync_calls, 0);
 }
 
@@ -373,7 +284,7 @@ static void test_failure_rate_all(void **state)
   res_t l;
   list_sync(p, "sbx-f", &l);
   assert_int_equal(l.n, 0); /* nothing was created */
-  sim_free(p);
+  adapter_free(p);
 }
 
 static void run_fraction(const char *cfg, int n, int *fails, unsigned char *pattern)
@@ -392,7 +303,7 @@ static void run_fraction(const char *cfg, int n, int *fails, unsigned char *patt
       destroy_sync(p, c.res.provider_id, &d);
     }
   }
-  sim_free(p);
+  adapter_free(p);
 }
 
 static void test_failure_rate_seeded(void **state)
@@ -430,7 +341,7 @@ static void test_boot_failure(void **state)
   /* ... and is destroyed when the boot fails. */
   list_sync(p, "sbx-boot", &l);
   assert_int_equal(l.n, 0);
-  sim_free(p);
+  adapter_free(p);
 }
 
 static void test_capacity(void **state)
@@ -447,7 +358,7 @@ static void test_capacity(void **state)
   destroy_sync(p, a.res.provider_id, &d);
   create_sync(p, "sbx-3", &c);
   assert_int_equal(c.status, 0);
-  sim_free(p);
+  adapter_free(p);
 }
 
 static void test_honest_manifest(void **state)
@@ -487,7 +398,7 @@ static void test_honest_manifest(void **state)
   assert_string_equal(r.res.region, "eu");
   assert_int_equal(r.res.granted.gpu_count, 2);
   assert_int_equal(r.res.isolation, OSR_ISO_GVISOR);
-  sim_free(p);
+  adapter_free(p);
 }
 
 static void expect_config_error(const char *json, const char *needle)
@@ -563,7 +474,7 @@ static void test_url_refused(void **state)
   assert_int_equal(l.status, OSR_PERR_UNAVAILABLE);
   get_sync(p, "sim-1", &g);
   assert_int_equal(g.status, OSR_PERR_UNAVAILABLE);
-  sim_free(p);
+  adapter_free(p);
   assert_int_equal(sync_calls, 0);
 }
 
