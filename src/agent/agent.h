@@ -36,6 +36,11 @@
 #define OSR_AGENT_MAX_RPC_BODY (8 * 1024 * 1024)
 /** Output chunks (data events) are at most this large, as envd's. */
 #define OSR_AGENT_CHUNK (32 * 1024)
+/** ... except in the binary codec (procpb.h), whose clients (the data plane)
+ *  take larger frames: fewer frames and system calls per byte. */
+#define OSR_AGENT_BIN_CHUNK (256 * 1024)
+/** Largest read from a process's output (bounded by half the ring too). */
+#define OSR_AGENT_READ (256 * 1024)
 /** How long an exited process's end event is kept for Connect (envd: 30 s). */
 #define OSR_AGENT_RETAIN_MS 30000
 
@@ -71,7 +76,7 @@ struct agent_s {
   /* process table */
   agent_proc_t *procs; /* doubly linked */
   size_t nprocs;
-  char scratch[OSR_AGENT_CHUNK]; /* pipe read buffer, consumed in read_cb */
+  char scratch[OSR_AGENT_READ]; /* pipe read buffer, consumed in read_cb */
 };
 
 extern agent_t osr__agent;

@@ -208,13 +208,23 @@ static void maybe_end(agent_proc_t *p)
 
 /* ---- output ------------------------------------------------------------------------ */
 
+/* One read takes what a socket pair buffer holds (~200 KiB: a process
+ * writing fast fills it between two loop turns), not 32 KiB: fewer reads,
+ * appends and frames per byte. Half the ring at most, so that a slow
+ * client's unsent bytes still leave room for a read. */
+static size_t read_max(const agent_proc_t *p)
+{
+  size_t half = p->ring.cap / 2;
+  return half < sizeof(p->a->scratch) ? half : sizeof(p->a->scratch);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
   agent_proc_t *p = h->data;
   (void)suggested;
   /* One buffer for every pipe: read_cb copies it into the ring at once. */
   buf->base = p->a->scratch;
-  buf->len = sizeof(p->a->scratch);
+  buf->len = read_max(p);
 }
 
 static void on_pipe_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -252,7 +262,7 @@ static void proc_update_reading(agent_proc_t *p)
   for (sub_t *s = p->subs; s != NULL; s = s->next)
     if (!s->end_sent && s->cursor < slowest)
       slowest = s->cursor;
-  int want = osr_ring_room(&p->ring, slowest) >= OSR_AGENT_CHUNK;
+  int want = osr_ring_room(&p->ring, slowest) >= read_max(p);
   if (want == p->reading)
     return;
   p->reading = want;
@@ -355,7 +365,8 @@ static void sub_pump_loop(sub_t *s)
   while (!s->end_sent && agent_stream_queued(s->st) < AGENT_STREAM_LOW) {
     osr_iovec_t iov[2];
     int kind = 0;
-    long n = osr_ring_peek(&p->ring, s->cursor, OSR_AGENT_CHUNK, &kind, iov);
+    long n = osr_ring_peek(&p->ring, s->cursor, s->binary ? OSR_AGENT_BIN_CHUNK : OSR_AGENT_CHUNK,
+                           &kind, iov);
     if (n < 0) {
       s->end_sent = 1;
       agent_stream_end(s->st, OSR_CX_DATA_LOSS, "output was dropped from the ring");

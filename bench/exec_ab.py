@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""1 GiB exec stdout through osr-dataplane -> osr-agent for two builds (A/B),
+interleaved with the same command's stdout pipe read directly, per round.
+
+  bench/exec_ab.py BUILD_BEFORE BUILD_AFTER [ROUNDS] [BYTES]
+
+Each build needs src/osr-agent and src/osr-dataplane; dp-mint is taken from
+BUILD_AFTER (or BUILD_BEFORE) tests/integration/dataplane/. The reader is
+exec_stdout() / pipe_stdout() of bench/dataplane_bench.py (a Python loop, the
+same for every path). For instruction counts run the two daemons under
+`valgrind --tool=callgrind` (bench/README.md "Exec streams")."""
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dataplane_bench as db  # noqa: E402
+
+
+def find_mint(builds):
+    for b in reversed(builds):
+        m = os.path.join(b, "tests", "integration", "dataplane", "dp-mint")
+        if os.path.exists(m):
+            return m
+    sys.exit("dp-mint not found in either build")
+
+
+def start(build, mint):
+    d = tempfile.mkdtemp(prefix="osr-exec-ab-")
+    os.mkdir(os.path.join(d, "keys"))
+    subprocess.run([mint, "genkey", os.path.join(d, "keys"), "k1"], check=True,
+                   stdout=subprocess.DEVNULL)
+    sock = os.path.join(d, "a.sock")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    q = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pa = subprocess.Popen([os.path.join(build, "src", "osr-agent"), "--listen", "unix:" + sock,
+                           "--log-level", "error"], **q)
+    pd = subprocess.Popen([os.path.join(build, "src", "osr-dataplane"), "--listen",
+                           "127.0.0.1:%d" % port, "--keys-dir", os.path.join(d, "keys"),
+                           "--log-level", "error"], **q)
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    for _ in range(600):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.05)
+    tok = subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1", "unix:" + sock, "exec",
+                          "none", "86400"], capture_output=True, text=True, check=True).stdout.strip()
+    return port, tok, (pa, pd)
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    builds = sys.argv[1:3]
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    nbytes = int(sys.argv[4]) if len(sys.argv) > 4 else 1 << 30
+    mint = find_mint(builds)
+    paths = {"before": start(builds[0], mint), "after": start(builds[1], mint)}
+    res = {}
+    try:
+        print("load average:", open("/proc/loadavg").read().strip())
+        for r in range(rounds):
+            res.setdefault("pipe", []).append(db.pipe_stdout(nbytes))
+            for k, (port, tok, _) in paths.items():
+                res.setdefault(k, []).append(db.exec_stdout(port, "s1", tok, nbytes))
+            print("round %d: %s" % (r + 1, ", ".join("%s %.0f MB/s" % (k, v[-1])
+                                                      for k, v in res.items())), flush=True)
+        print("load average:", open("/proc/loadavg").read().strip())
+        pm = statistics.median(res["pipe"])
+        print("| exec stdout | MB/s | × pipe |\n|---|---|---|")
+        for k, v in res.items():
+            print("| %s | %.0f | %.2f |" % (k, statistics.median(v), statistics.median(v) / pm))
+    finally:
+        for _, _, ps in paths.values():
+            for p in ps:
+                p.terminate()
+                p.wait()
+
+
+if __name__ == "__main__":
+    main()
