@@ -1341,7 +1341,26 @@ typedef struct dp_upg_s {
   osr_dataplane_t *dp;
   osr_http_req_t *req;
   char sid[OSR_DP_SID_MAX];
+  /* the endpoint's connect cap, as for streams: the tunnel is opened once
+   * a slot is ours, and the slot is given back when the agent answered */
+  dp_gate_t *gate;
+  dp_waiter_t wait;
+  int holds_slot;
+  /* what tunnel_open needs, kept while waiting for a slot */
+  char *head;
+  size_t head_len;
+  char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
+  int tls;
+  uint16_t port;
 } dp_upg_t;
+
+static void upg_release_slot(dp_upg_t *u)
+{
+  if (u->holds_slot) {
+    u->holds_slot = 0;
+    gate_leave(u->dp, u->gate);
+  }
+}
 
 static void upg_req_done(osr_http_req_t *req, int status)
 {
@@ -1353,6 +1372,8 @@ static void upg_req_done(osr_http_req_t *req, int status)
 static void upg_free(dp_upg_t *u)
 {
   osr_dataplane_t *dp = u->dp;
+  upg_release_slot(u);
+  osr_free(u->head);
   osr_free(u);
   dp->nstreams--;
   if (dp->stopping)
@@ -1455,6 +1476,7 @@ static void on_upg_head_read(osr_sock_t *s, int status)
 static void on_upg_tunnel(osr_sock_t *s, int status, int http_status, void *data)
 {
   dp_upg_t *u = data;
+  upg_release_slot(u); /* the agent answered (or never will) */
   if (status != 0) {
     u->dp->n_upstream_fail++;
     if (u->req != NULL) {
@@ -1503,6 +1525,48 @@ static char *upgrade_head(const osr_http_req_t *req, const char *target, dp_tok_
   return osr_buf_release(&b, len);
 }
 
+/* Open the tunnel (a slot is held); answers the request on failure. */
+static void upg_open(dp_upg_t *u)
+{
+  osr_dataplane_t *dp = u->dp;
+  char agent_tok[65] = "";
+  if (dp->cfg.agent_secret != NULL)
+    (void)osr_agent_token(dp->cfg.agent_secret, u->sid, agent_tok);
+  char *head = u->head;
+  u->head = NULL; /* tunnel_open takes it on success */
+  int rv = tunnel_open(dp, u->addr, u->tls, u->port, agent_tok, head, u->head_len, on_upg_tunnel, u);
+  if (rv != 0) {
+    osr_free(head);
+    if (u->req != NULL) {
+      u->req->on_done = NULL;
+      osr__dp_error(u->req, 502, u->sid, "The sandbox was not found");
+    }
+    upg_free(u);
+  }
+}
+
+static void upg_gate_cb(dp_waiter_t *w, int status)
+{
+  dp_upg_t *u = osr_container_of(w, dp_upg_t, wait);
+  if (status == 0) {
+    u->holds_slot = 1;
+    if (u->req == NULL || u->dp->stopping) {
+      upg_free(u); /* the client went away while waiting */
+      return;
+    }
+    upg_open(u);
+    return;
+  }
+  u->dp->n_upstream_fail++;
+  if (u->req != NULL) {
+    osr__dp_count(u->dp, DP_KIND_UPGRADE, 503);
+    u->req->on_done = NULL;
+    osr__dp_error_typed(u->req, 503, u->sid, "upstream_busy",
+                        "too many connections to the sandbox are being opened; retry");
+  }
+  upg_free(u);
+}
+
 static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
                             uint16_t port, const char *target, const char *sid,
                             dp_tok_src_t tok_src)
@@ -1521,16 +1585,20 @@ static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char
   osr__dp_act_close(dp, osr__dp_act_open(dp, sid)); /* the attempt is activity too */
   req->data = u;
   req->on_done = upg_req_done;
-  char agent_tok[65] = "";
-  if (dp->cfg.agent_secret != NULL)
-    (void)osr_agent_token(dp->cfg.agent_secret, sid, agent_tok);
-  int rv = tunnel_open(dp, addr, tls, port, agent_tok, head, hl, on_upg_tunnel, u);
-  if (rv != 0) {
-    osr_free(head);
-    req->on_done = NULL;
-    osr__dp_error(req, 502, sid, "The sandbox was not found");
-    upg_free(u);
+  u->head = head;
+  u->head_len = hl;
+  snprintf(u->addr, sizeof(u->addr), "%s", addr);
+  u->tls = tls;
+  u->port = port;
+  int g = gate_enter(dp, addr, &u->wait, upg_gate_cb, &u->gate);
+  if (g == 0)
+    return; /* upg_gate_cb goes on */
+  if (g < 0) {
+    upg_gate_cb(&u->wait, OSR_EBUSY);
+    return;
   }
+  u->holds_slot = 1;
+  upg_open(u);
 }
 
 /* ========================================================================== */

@@ -24,14 +24,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 import test_dataplane as tdp  # noqa: E402
 import osrtest  # noqa: E402
 
-N = 700
+N = 700  # requests per burst
 
 
-async def one(port, tok, results, i, target):
+async def one(port, tok, results, i, target, upgrade=False):
     try:
         r, w = await asyncio.open_connection("127.0.0.1", port)
+        conn = "Upgrade\r\nUpgrade: websocket" if upgrade else "close"
         w.write(("GET /health HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: %d\r\n"
-                 "X-Access-Token: %s\r\nConnection: close\r\n\r\n" % (tdp.SID, target, tok)).encode())
+                 "X-Access-Token: %s\r\nConnection: %s\r\n\r\n" % (tdp.SID, target, tok, conn)).encode())
         await w.drain()
         data = await r.read()
         w.close()
@@ -53,14 +54,14 @@ def backlog(path):
     return None
 
 
-async def burst(port, tok, stop_s, agent_pid, sock, target=tdp.ENVD, limit_s=90):
+async def burst(port, tok, stop_s, agent_pid, sock, target=tdp.ENVD, limit_s=90, upgrade=False):
     """N requests at once while the agent is stopped for stop_s; returns the
     results, how many hung, and the largest backlog seen meanwhile."""
     results = [None] * N
     peak = 0
     os.kill(agent_pid, signal.SIGSTOP)
     try:
-        tasks = [asyncio.ensure_future(one(port, tok, results, i, target)) for i in range(N)]
+        tasks = [asyncio.ensure_future(one(port, tok, results, i, target, upgrade)) for i in range(N)]
         t_end = time.monotonic() + stop_s
         while time.monotonic() < t_end:
             await asyncio.sleep(0.25)
@@ -110,7 +111,17 @@ class Backlog(unittest.TestCase):
                     self.assertEqual(j["code"], 503)
                     self.assertEqual(j["type"], "upstream_busy")
                     break
-            # 3: served normally afterwards.
+            # 3: upgrades (WebSocket) to a closed port share the cap: the
+            # backlog stays bounded, every one is answered (502: nothing
+            # listens there) or gets the typed 503.
+            results, hung, peak = asyncio.run(burst(env.port, env.token(scopes="ports"), 2.0, pid,
+                                                    env.sock, target=1, upgrade=True))
+            s = summary(results)
+            self.assertEqual(hung, 0, "upgrades hung: %s" % s)
+            self.assertGreater(peak, 0)
+            self.assertLessEqual(peak, 64, "the agent's backlog held %d connections" % peak)
+            self.assertEqual(set(s) - {502, 503}, set(), s)
+            # 4: served normally afterwards.
             r, data = env.envd("GET", "/health", tok)
             self.assertIn(r.status, (200, 204), data)
         finally:
