@@ -512,30 +512,6 @@ static void set_target(e2b_op_t *op, const char *method, const char *head, const
 
 /* ---- answers ------------------------------------------------------------------ */
 
-/* E2B's statuses -> OSR's provider error classes (docs/adapters.md). */
-static int map_status(int st)
-{
-  switch (st) {
-  case 400:
-  case 422:
-    return OSR_PERR_INVALID;
-  case 401:
-  case 403:
-    return OSR_PERR_AUTH;
-  case 404:
-    return OSR_PERR_NOT_FOUND;
-  case 408:
-  case 504:
-    return OSR_PERR_TIMEOUT;
-  case 429:
-    return OSR_PERR_RATE_LIMITED;
-  case 507:
-    return OSR_PERR_CAPACITY;
-  default:
-    return OSR_PERR_UNAVAILABLE;
-  }
-}
-
 static const char *jstr(const json_t *o, const char *k)
 {
   const json_t *v = json_object_get(o, k);
@@ -707,7 +683,7 @@ static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
   json_t *j = body != NULL && len > 0 ? json_loadb(body, len, 0, NULL) : NULL;
   int status = 0;
   if (st < 200 || st > 299) {
-    status = map_status(st);
+    status = osr_rest_map_status(st); /* E2B's statuses are the contract's */
     /* pause of a paused sandbox: E2B says 409, OSR says done. */
     if (op->kind == OP_PAUSE && st == 409)
       status = 0;

@@ -57,6 +57,29 @@ struct osr_rest_s {
   void (*close_cb)(void *owner);
 };
 
+int osr_rest_map_status(int http_status)
+{
+  switch (http_status) {
+  case 400:
+  case 422:
+    return OSR_PERR_INVALID;
+  case 401:
+  case 403:
+    return OSR_PERR_AUTH;
+  case 404:
+    return OSR_PERR_NOT_FOUND;
+  case 408:
+  case 504:
+    return OSR_PERR_TIMEOUT;
+  case 429:
+    return OSR_PERR_RATE_LIMITED;
+  case 507:
+    return OSR_PERR_CAPACITY;
+  default:
+    return OSR_PERR_UNAVAILABLE;
+  }
+}
+
 osr_rest_t *osr_rest_new(uv_loop_t *loop, const osr_rest_config_t *cfg, void *owner)
 {
   osr_rest_t *api = osr_xcalloc(1, sizeof(*api));

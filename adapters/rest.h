@@ -79,6 +79,12 @@ typedef struct osr_rest_config_s {
   void (*on_release)(osr_rest_op_t *op);
 } osr_rest_config_t;
 
+/** The contract's mapping of an HTTP error status to OSR's provider error
+ *  classes (docs/adapters.md): 400/422 invalid, 401/403 auth, 404
+ *  not_found, 408/504 timeout, 429 rate_limited, 507 capacity, anything
+ *  else unavailable. Adapters apply their vendor's exceptions first. */
+int osr_rest_map_status(int http_status);
+
 /** A new api (no I/O). `cfg` is copied. */
 osr_rest_t *osr_rest_new(uv_loop_t *loop, const osr_rest_config_t *cfg, void *owner);
 

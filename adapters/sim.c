@@ -834,25 +834,7 @@ static int map_http_error(int http_status, const char *name)
   int code = name != NULL ? osr__sim_err_parse(name) : 0;
   if (code != 0)
     return code;
-  switch (http_status) {
-  case 400:
-  case 422:
-    return OSR_PERR_INVALID;
-  case 401:
-  case 403:
-    return OSR_PERR_AUTH;
-  case 404:
-    return OSR_PERR_NOT_FOUND;
-  case 408:
-  case 504:
-    return OSR_PERR_TIMEOUT;
-  case 429:
-    return OSR_PERR_RATE_LIMITED;
-  case 507:
-    return OSR_PERR_CAPACITY;
-  default:
-    return OSR_PERR_UNAVAILABLE;
-  }
+  return osr_rest_map_status(http_status);
 }
 
 /* osr-sim answered (rest.h on_answer). */
