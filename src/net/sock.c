@@ -178,21 +178,23 @@ void osr__sock_buf_adopt(osr_buf_t *b)
     b->cap = osr_block_size(SOCK_BLOCK);
 }
 
-/* Give an empty buffer's memory back (a block to the pool, a buffer that
- * grew beyond a block to the allocator). Nothing points into a buffer with
- * no bytes: owners that hold chunks (zero-copy writes) have not consumed
- * them yet. */
+/* Give an empty buffer's block back to the pool. Nothing points into a
+ * buffer with no bytes: owners that hold chunks (zero-copy writes) have not
+ * consumed them yet. A buffer that grew beyond a block (a stream whose owner
+ * held data while more arrived) stays with its socket until it closes:
+ * freeing it whenever it drains would cost a realloc chain (and, above
+ * glibc's mmap threshold, mmap/munmap calls) per drain on exactly the
+ * connections that move the most bytes. */
 static void buf_trim(osr_buf_t *b, int closing)
 {
-  size_t block = osr_block_size(SOCK_BLOCK);
   if (b->base == NULL || (b->len != 0 && !closing))
     return;
-  if (b->cap == block)
+  if (b->cap == osr_block_size(SOCK_BLOCK))
     osr_block_put(SOCK_BLOCK, b->base);
-  else if (b->cap > block || closing)
+  else if (closing)
     osr_free(b->base);
   else
-    return; /* a small buffer (low cap): keep it */
+    return;
   b->base = NULL;
   b->cap = 0;
   b->off = 0;
