@@ -261,8 +261,14 @@ static void pump(side_t *sd)
   }
   if (sd->sp->dead)
     return;
-  /* After a full burst the source stays polled: level-triggered epoll
-   * wakes us again on the next loop turn if more is waiting. */
+  /* The burst cap can stop us with bytes still in the pipe (a partial
+   * splice to dst took us over it): then wait for dst to be writable, or
+   * nothing would ever wake this direction again (the source is polled only
+   * with an empty pipe). Level-triggered epoll fires at once if it is.
+   * After a full burst with an empty pipe the source stays polled and
+   * wakes us on the next loop turn if more is waiting. */
+  if (sd->piped > 0)
+    sd->want_out = 1;
   update_poll(sd);
   update_poll(pd);
 }
