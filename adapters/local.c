@@ -73,12 +73,6 @@
  * within boot_timeout_ms next to a busy sandbox, and uses all idle CPU. */
 #define L_POOL_CPU_SHARES 128u
 #define L_CPU_SHARES 1024u
-/* A gVisor pool sandbox runs this once (osr-agent --prewarm) before it
- * listens, so the first command of whoever takes it from the pool does not
- * pay for the sentry's cold file and process caches: the shell most
- * commands run under (the benchmark's and envd's /bin/sh) and the SDK's
- * `bash -l`. ~5 ms of the first exec (docs/local-provider.md). */
-#define L_PREWARM_CMD "[ -x /bin/bash ] && /bin/bash -l -c true; true"
 
 typedef struct lp_s lp_t;
 typedef struct lsb_s lsb_t;
@@ -907,10 +901,6 @@ static int write_bundle(const lop_t *op)
     /* spec->env: the sandbox's variables for every process (see
      * spawn_container). */
     json_t *args = json_object_get(json_object_get(cfg, "process"), "args");
-    if (sb->warm) {
-      json_array_append_new(args, json_string("--prewarm"));
-      json_array_append_new(args, json_string(L_PREWARM_CMD));
-    }
     for (size_t off = 0; off < op->env_len;) {
       json_array_append_new(args, json_string("--env"));
       json_array_append_new(args, json_string(op->env_blob + off));
