@@ -1352,6 +1352,7 @@ typedef struct dp_upg_s {
   char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
   int tls;
   uint16_t port;
+  int remote; /* a remote provider's port: connect to addr directly, no agent */
 } dp_upg_t;
 
 static void upg_release_slot(dp_upg_t *u)
@@ -1500,18 +1501,33 @@ static void on_upg_tunnel(osr_sock_t *s, int status, int http_status, void *data
 }
 
 /* The request head as the sandbox sees it: our credential removed, the
- * rest (Connection, Upgrade, Sec-WebSocket-*) unchanged. */
+ * rest (Connection, Upgrade, Sec-WebSocket-*) unchanged. For a remote
+ * provider's sandbox (`up`), its Host form and its own credential instead,
+ * as for plain requests (stream_head). */
 static char *upgrade_head(const osr_http_req_t *req, const char *target, dp_tok_src_t src,
-                          size_t *len)
+                          const dp_upstream_t *up, uint16_t port, size_t *len)
 {
   osr_buf_t b;
   osr_buf_init(&b, 256 * 1024);
-  int rv = osr_buf_appendf(&b, "%.*s %s HTTP/1.1\r\nhost: %.*s\r\n", (int)req->method.len,
-                           req->method.base, target, (int)req->authority.len, req->authority.base);
+  int rv;
+  if (up != NULL) {
+    rv = osr_buf_appendf(&b, "%.*s %s HTTP/1.1\r\nhost: %u-%s\r\n", (int)req->method.len,
+                         req->method.base, target, port, up->host);
+    if (rv == 0 && up->traffic[0] != '\0')
+      rv = osr_buf_appendf(&b, "e2b-traffic-access-token: %s\r\n", up->traffic);
+    if (rv == 0 && !up->by_host)
+      rv = osr_buf_appendf(&b, "e2b-sandbox-id: %.*s\r\ne2b-sandbox-port: %u\r\n",
+                           (int)strcspn(up->host, "."), up->host, port);
+  } else {
+    rv = osr_buf_appendf(&b, "%.*s %s HTTP/1.1\r\nhost: %.*s\r\n", (int)req->method.len,
+                         req->method.base, target, (int)req->authority.len, req->authority.base);
+  }
   for (size_t i = 0; rv == 0 && i < req->num_headers; i++) {
     osr_iovec_t nm = req->headers[i].name;
     if (name_is(nm, "host") || name_is(nm, "x-access-token") ||
-        (src == DP_TOK_BEARER && name_is(nm, "authorization")))
+        (src == DP_TOK_BEARER && name_is(nm, "authorization")) ||
+        (up != NULL && (name_is(nm, "e2b-traffic-access-token") || name_is(nm, "e2b-sandbox-id") ||
+                        name_is(nm, "e2b-sandbox-port"))))
       continue;
     rv = osr_buf_appendf(&b, "%.*s: %.*s\r\n", (int)nm.len, nm.base, (int)req->headers[i].value.len,
                          req->headers[i].value.base);
@@ -1525,10 +1541,57 @@ static char *upgrade_head(const osr_http_req_t *req, const char *target, dp_tok_
   return osr_buf_release(&b, len);
 }
 
+static void on_upg_head_written(osr_sock_t *s, int status, void *arg)
+{
+  (void)s;
+  (void)status; /* a failed write ends the read of the answer too */
+  osr_free(arg);
+}
+
+/* A remote provider's port: connected straight to it (TLS as configured);
+ * send the upgrade head, then read the answer as after an agent tunnel. */
+static void on_upg_connected(osr_sock_t *s, int status, void *data)
+{
+  dp_upg_t *u = data;
+  if (status != 0) {
+    upg_release_slot(u);
+    u->dp->n_upstream_fail++;
+    if (u->req != NULL) {
+      osr__dp_count(u->dp, DP_KIND_UPGRADE, 502);
+      u->req->on_done = NULL;
+      osr__dp_error(u->req, 502, u->sid, "the provider's sandbox could not be reached");
+    }
+    upg_free(u);
+    return;
+  }
+  osr_iovec_t iov = osr_iov(u->head, u->head_len);
+  if (osr_sock_write(s, &iov, 1, on_upg_head_written, u->head) == 0)
+    u->head = NULL; /* the write callback frees it */
+  else if (u->req != NULL) {
+    /* closing reports 502 (on_upg_close) and frees u */
+    osr_sock_set_events(s, &upg_events, u);
+    osr_sock_close(s);
+    upg_release_slot(u);
+    return;
+  }
+  on_upg_tunnel(s, 0, 0, u);
+}
+
 /* Open the tunnel (a slot is held); answers the request on failure. */
 static void upg_open(dp_upg_t *u)
 {
   osr_dataplane_t *dp = u->dp;
+  if (u->remote) {
+    osr_connect_opts_t co = {DP_TUNNEL_TIMEOUT_MS, u->tls ? dp->client_tls : NULL, NULL};
+    if (osr_connect(dp->loop, u->addr, &co, on_upg_connected, u, NULL) != 0) {
+      if (u->req != NULL) {
+        u->req->on_done = NULL;
+        osr__dp_error(u->req, 502, u->sid, "the provider's sandbox could not be reached");
+      }
+      upg_free(u);
+    }
+    return;
+  }
   char agent_tok[65] = "";
   if (dp->cfg.agent_secret != NULL)
     (void)osr_agent_token(dp->cfg.agent_secret, u->sid, agent_tok);
@@ -1569,10 +1632,10 @@ static void upg_gate_cb(dp_waiter_t *w, int status)
 
 static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, int tls,
                             uint16_t port, const char *target, const char *sid,
-                            dp_tok_src_t tok_src)
+                            dp_tok_src_t tok_src, const dp_upstream_t *up)
 {
   size_t hl = 0;
-  char *head = upgrade_head(req, target, tok_src, &hl);
+  char *head = upgrade_head(req, target, tok_src, up, port, &hl);
   if (head == NULL) {
     osr__dp_error(req, 431, sid, "request head too large");
     return;
@@ -1590,6 +1653,7 @@ static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char
   snprintf(u->addr, sizeof(u->addr), "%s", addr);
   u->tls = tls;
   u->port = port;
+  u->remote = up != NULL;
   int g = gate_enter(dp, addr, &u->wait, upg_gate_cb, &u->gate);
   if (g == 0)
     return; /* upg_gate_cb goes on */
@@ -1612,13 +1676,8 @@ static void forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, 
                     uint16_t port, const char *target, const char *sid, dp_tok_src_t tok_src,
                     const dp_upstream_t *up)
 {
-  if (up != NULL && wants_upgrade(req)) {
-    /* Upgrades to a remote provider's ports are not relayed yet. */
-    osr__dp_error(req, 501, sid, "upgrades to this sandbox's ports are not supported yet");
-    return;
-  }
   if (port != OSR_DP_ENVD_PORT && wants_upgrade(req)) {
-    forward_upgrade(dp, req, addr, tls, port, target, sid, tok_src);
+    forward_upgrade(dp, req, addr, tls, port, target, sid, tok_src, up);
     return;
   }
   dp_stream_t *st = osr_xcalloc(1, sizeof(*st));

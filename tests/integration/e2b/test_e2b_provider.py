@@ -320,6 +320,28 @@ class Passthrough(Base, unittest.TestCase):
         self.assertEqual(st, 401, j)
         self.assertEqual(j.get("sandboxId"), fake_id, j)
         self.assertNotIn(outer_tok, self.fake.dp.stderr_text())
+        # A WebSocket upgrade to that port goes the same way: straight to the
+        # provider (TLS, its Host form, no agent), without the client's token.
+        # The fake's port proxy refuses it (no traffic token: see above), and
+        # a refused upgrade is reported, not relayed: 502 naming the answer.
+        ws = socket.create_connection(("127.0.0.1", dp), timeout=30)
+        ws.sendall(("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                    "E2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: 8123\r\nX-Access-Token: %s\r\n\r\n"
+                    % (sb["id"], outer_tok)).encode())
+        got = b""
+        while b"\r\n\r\n" not in got or len(got) < 200:
+            d = ws.recv(4096)
+            if not d:
+                break
+            got += d
+        ws.close()
+        self.assertTrue(got.startswith(b"HTTP/1.1 502"), got[:300])
+        self.assertIn(b"answered the upgrade with HTTP 401", got, got[:500])
+        # It reached the fake's port proxy with no token at all (the outer's
+        # would have been refused as signed by an unknown key).
+        self.assertIn("GET /ws refused 401: missing access token", self.fake.dp.stderr_text())
+        self.assertNotIn(outer_tok, self.fake.dp.stderr_text())
 
         # 3. The real e2b SDK through the outer (E2B front door + data plane).
         env = {"E2B_API_URL": "http://127.0.0.1:%d" % self.outer.port,
