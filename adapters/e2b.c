@@ -124,23 +124,6 @@ static void op_release(osr_rest_op_t *rop);
 
 /* ---- configuration ---------------------------------------------------------- */
 
-static int cfg_err(char *err, size_t errlen, const char *key, const char *what)
-{
-  snprintf(err, errlen, "key '%s': %s", key, what);
-  return OSR_EINVAL;
-}
-
-static int num_in(const json_t *v, double lo, double hi, double *out)
-{
-  if (!json_is_number(v))
-    return -1;
-  double d = json_number_value(v);
-  if (!(d >= lo && d <= hi))
-    return -1;
-  *out = d;
-  return 0;
-}
-
 /* "http[s]://host[:port][/prefix]" -> connect address, Host and prefix. */
 static int parse_base(const char *url, int *tls, char *addr, size_t addrlen, char *auth,
                       size_t authlen, char *prefix, size_t prefixlen)
@@ -216,27 +199,28 @@ static int load_key(e2b_t *e, const char *key, const char *v, char *err, size_t 
   if (strcmp(key, "api_key_env") == 0) {
     const char *s = getenv(v);
     if (s == NULL || s[0] == '\0')
-      return cfg_err(err, errlen, key, "names an environment variable that is not set");
+      return osr_rest_cfg_err(err, errlen, key, "names an environment variable that is not set");
     n = strlen(s);
     if (n >= sizeof(buf))
-      return cfg_err(err, errlen, key, "the key is too long");
+      return osr_rest_cfg_err(err, errlen, key, "the key is too long");
     memcpy(buf, s, n);
   } else {
     FILE *f = fopen(v, "re");
     if (f == NULL)
-      return cfg_err(err, errlen, key, "cannot read the file");
+      return osr_rest_cfg_err(err, errlen, key, "cannot read the file");
     n = fread(buf, 1, sizeof(buf) - 1, f);
     int more = fgetc(f) != EOF;
     fclose(f);
     if (more)
-      return cfg_err(err, errlen, key, "the file is too long for a key");
+      return osr_rest_cfg_err(err, errlen, key, "the file is too long for a key");
   }
   buf[n] = '\0';
   while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
     buf[--n] = '\0';
   if (n == 0 || n >= sizeof(e->api_key) || !token_ok(buf, sizeof(e->api_key))) {
     memset(buf, 0, sizeof(buf));
-    return cfg_err(err, errlen, key, "not a usable API key (empty, or spaces/control characters)");
+    return osr_rest_cfg_err(err, errlen, key,
+                            "not a usable API key (empty, or spaces/control characters)");
   }
   memcpy(e->api_key, buf, n + 1);
   memset(buf, 0, sizeof(buf));
@@ -250,7 +234,7 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
   const char *api_url = "https://api.e2b.app";
   int have_key = 0;
   if (cfg != NULL && !json_is_object(cfg))
-    return cfg_err(err, errlen, "(config)", "must be an object");
+    return osr_rest_cfg_err(err, errlen, "(config)", "must be an object");
   json_object_foreach((json_t *)cfg, key, v)
   {
     double d;
@@ -260,29 +244,31 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
       /* The configuration loader has already resolved {env: NAME} /
        * {file: PATH} into the key itself (docs/configuration.md). */
       if (have_key)
-        return cfg_err(err, errlen, key, "give one of api_key, api_key_env and api_key_file");
+        return osr_rest_cfg_err(err, errlen, key,
+                                "give one of api_key, api_key_env and api_key_file");
       if (!json_is_string(v) || json_string_length(v) == 0 ||
           json_string_length(v) >= sizeof(e->api_key) ||
           !token_ok(json_string_value(v), sizeof(e->api_key)))
-        return cfg_err(err, errlen, key,
-                       "must be a reference {env: NAME} or {file: PATH} to a key");
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a reference {env: NAME} or {file: PATH} to a key");
       snprintf(e->api_key, sizeof(e->api_key), "%s", json_string_value(v));
       have_key = 1;
     } else if (strcmp(key, "api_key_env") == 0 || strcmp(key, "api_key_file") == 0) {
       if (!json_is_string(v) || json_string_length(v) == 0)
-        return cfg_err(err, errlen, key, "must be a non-empty string");
+        return osr_rest_cfg_err(err, errlen, key, "must be a non-empty string");
       if (have_key)
-        return cfg_err(err, errlen, key, "give one of api_key, api_key_env and api_key_file");
+        return osr_rest_cfg_err(err, errlen, key,
+                                "give one of api_key, api_key_env and api_key_file");
       if (load_key(e, key, json_string_value(v), err, errlen) != 0)
         return OSR_EINVAL;
       have_key = 1;
     } else if (strcmp(key, "api_url") == 0) {
       if (!json_is_string(v))
-        return cfg_err(err, errlen, key, "must be an http(s) URL");
+        return osr_rest_cfg_err(err, errlen, key, "must be an http(s) URL");
       api_url = json_string_value(v);
     } else if (strcmp(key, "domain") == 0) {
       if (!json_is_string(v) || !name_ok(json_string_value(v), 200, 1))
-        return cfg_err(err, errlen, key, "must be a DNS domain such as e2b.app");
+        return osr_rest_cfg_err(err, errlen, key, "must be a DNS domain such as e2b.app");
       snprintf(e->domain, sizeof(e->domain), "%s", json_string_value(v));
     } else if (strcmp(key, "sandbox_url") == 0) {
       char a[300], h[256], pre[256];
@@ -291,17 +277,18 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
           parse_base(json_string_value(v), &tls, a, sizeof(a), h, sizeof(h), pre, sizeof(pre)) !=
               0 ||
           pre[0] != '\0')
-        return cfg_err(err, errlen, key, "must be http(s)://HOST[:PORT] without a path");
+        return osr_rest_cfg_err(err, errlen, key, "must be http(s)://HOST[:PORT] without a path");
       snprintf(e->sandbox_url, sizeof(e->sandbox_url), "%s://%s", tls ? "https" : "http", h);
     } else if (strcmp(key, "templates") == 0) {
       const char *tk;
       json_t *tv;
       if (!json_is_object(v))
-        return cfg_err(err, errlen, key, "must be a map {osr template: E2B templateID}");
+        return osr_rest_cfg_err(err, errlen, key, "must be a map {osr template: E2B templateID}");
       json_object_foreach(v, tk, tv)
       {
         if (!json_is_string(tv) || json_string_length(tv) == 0 || json_string_length(tv) >= 128)
-          return cfg_err(err, errlen, key, "each value must be an E2B templateID (1..127 chars)");
+          return osr_rest_cfg_err(err, errlen, key,
+                                  "each value must be an E2B templateID (1..127 chars)");
       }
       json_decref(e->templates);
       e->templates = json_deep_copy(v);
@@ -309,12 +296,12 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
       size_t i;
       json_t *r;
       if (!json_is_array(v) || json_array_size(v) > OSR_ARRAY_SIZE(e->regions))
-        return cfg_err(err, errlen, key, "must be a list of at most 15 region names");
+        return osr_rest_cfg_err(err, errlen, key, "must be a list of at most 15 region names");
       json_array_foreach(v, i, r)
       {
         if (!json_is_string(r) || json_string_length(r) == 0 ||
             json_string_length(r) >= OSR_NAME_MAX)
-          return cfg_err(err, errlen, key, "must be a list of at most 15 region names");
+          return osr_rest_cfg_err(err, errlen, key, "must be a list of at most 15 region names");
         snprintf(e->regions[i], OSR_NAME_MAX, "%s", json_string_value(r));
       }
       e->nregions = json_array_size(v);
@@ -322,44 +309,47 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
       const char *pk;
       json_t *pv;
       if (!json_is_object(v))
-        return cfg_err(err, errlen, key, "must be {vcpu_per_s, gib_per_s, per_create}");
+        return osr_rest_cfg_err(err, errlen, key, "must be {vcpu_per_s, gib_per_s, per_create}");
       json_object_foreach(v, pk, pv)
       {
         double *dst = strcmp(pk, "vcpu_per_s") == 0   ? &e->price_vcpu
                       : strcmp(pk, "gib_per_s") == 0  ? &e->price_gib
                       : strcmp(pk, "per_create") == 0 ? &e->price_create
                                                       : NULL;
-        if (dst == NULL || num_in(pv, 0, 1e6, dst) != 0)
-          return cfg_err(
+        if (dst == NULL || osr_rest_num_in(pv, 0, 1e6, dst) != 0)
+          return osr_rest_cfg_err(
               err, errlen, key,
               "must be {vcpu_per_s, gib_per_s, per_create} with non-negative USD numbers");
       }
     } else if (strcmp(key, "vcpus") == 0 || strcmp(key, "memory_mib") == 0) {
       if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1 << 20)
-        return cfg_err(err, errlen, key, "must be a positive integer");
+        return osr_rest_cfg_err(err, errlen, key, "must be a positive integer");
       *(key[0] == 'v' ? &e->vcpus : &e->memory_mib) = (uint32_t)json_integer_value(v);
     } else if (strcmp(key, "expected_create_ms") == 0) {
-      if (num_in(v, 0, 3600e3, &e->expected_ms))
-        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+      if (osr_rest_num_in(v, 0, 3600e3, &e->expected_ms))
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a number of milliseconds from 0 to 3600000");
     } else if (strcmp(key, "sandbox_timeout_s") == 0) {
       if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 2592000)
-        return cfg_err(err, errlen, key, "must be a number of seconds from 0 to 2592000");
+        return osr_rest_cfg_err(err, errlen, key, "must be a number of seconds from 0 to 2592000");
       e->sandbox_timeout_s = (uint32_t)json_integer_value(v);
     } else if (strcmp(key, "timeout_ms") == 0) {
-      if (num_in(v, 1, 3600e3, &d))
-        return cfg_err(err, errlen, key, "must be a number of milliseconds from 1 to 3600000");
+      if (osr_rest_num_in(v, 1, 3600e3, &d))
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a number of milliseconds from 1 to 3600000");
       e->timeout_ms = (uint64_t)d;
     } else {
-      return cfg_err(err, errlen, key, "unknown key for an e2b provider (see docs/adapters.md)");
+      return osr_rest_cfg_err(err, errlen, key,
+                              "unknown key for an e2b provider (see docs/adapters.md)");
     }
   }
   if (!have_key)
-    return cfg_err(err, errlen, "api_key",
-                   "missing: an e2b provider needs api_key ({env: NAME} or {file: PATH}), "
-                   "api_key_env or api_key_file");
+    return osr_rest_cfg_err(err, errlen, "api_key",
+                            "missing: an e2b provider needs api_key ({env: NAME} or {file: PATH}), "
+                            "api_key_env or api_key_file");
   if (parse_base(api_url, &e->api_tls, e->api_addr, sizeof(e->api_addr), e->api_auth,
                  sizeof(e->api_auth), e->api_prefix, sizeof(e->api_prefix)) != 0)
-    return cfg_err(err, errlen, "api_url", "must be http(s)://HOST[:PORT][/PATH]");
+    return osr_rest_cfg_err(err, errlen, "api_url", "must be http(s)://HOST[:PORT][/PATH]");
   return 0;
 }
 
@@ -393,7 +383,7 @@ static int e2b_init(osr_provider_t *p, const json_t *config, char *err, size_t e
     osr_tls_client_opts_t co = {NULL, 0, alpn, 1, NULL, NULL};
     if (osr_tls_ctx_new_client(&co, &e->tls) != 0) {
       e->tls = NULL;
-      rv = cfg_err(err, errlen, "api_url", "no TLS client context (system CA store)");
+      rv = osr_rest_cfg_err(err, errlen, "api_url", "no TLS client context (system CA store)");
     }
   }
   if (rv != 0) {

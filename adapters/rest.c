@@ -57,6 +57,23 @@ struct osr_rest_s {
   void (*close_cb)(void *owner);
 };
 
+int osr_rest_cfg_err(char *err, size_t errlen, const char *key, const char *what)
+{
+  snprintf(err, errlen, "key '%s': %s", key, what);
+  return OSR_EINVAL;
+}
+
+int osr_rest_num_in(const json_t *v, double lo, double hi, double *out)
+{
+  if (!json_is_number(v))
+    return -1;
+  double d = json_number_value(v);
+  if (!(d >= lo && d <= hi))
+    return -1;
+  *out = d;
+  return 0;
+}
+
 int osr_rest_map_status(int http_status)
 {
   switch (http_status) {

@@ -43,6 +43,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include "net/http.h"
@@ -84,6 +85,13 @@ typedef struct osr_rest_config_s {
  *  not_found, 408/504 timeout, 429 rate_limited, 507 capacity, anything
  *  else unavailable. Adapters apply their vendor's exceptions first. */
 int osr_rest_map_status(int http_status);
+
+/** Configuration checks every adapter's init() makes (docs/adapters.md:
+ *  errors name the key). osr_rest_cfg_err writes "key '<key>': <what>" and
+ *  returns OSR_EINVAL; osr_rest_num_in stores a JSON number within
+ *  [lo, hi] in *out and returns 0, else -1. */
+int osr_rest_cfg_err(char *err, size_t errlen, const char *key, const char *what);
+int osr_rest_num_in(const json_t *v, double lo, double hi, double *out);
 
 /** A new api (no I/O). `cfg` is copied. */
 osr_rest_t *osr_rest_new(uv_loop_t *loop, const osr_rest_config_t *cfg, void *owner);

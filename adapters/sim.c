@@ -66,8 +66,8 @@ struct sim_op_s {
   sim_t *sim;
   int kind;
   uv_timer_t timer;
-  int delivered;        /* the user callback ran */
-  int finishing;        /* a result is set and the timer will deliver it */
+  int delivered; /* the user callback ran */
+  int finishing; /* a result is set and the timer will deliver it */
   int timer_closed;
   int status;
   char provider_id[128];
@@ -162,10 +162,14 @@ static const struct {
   const char *name;
   int code;
 } errs[] = {
-  {"capacity", OSR_PERR_CAPACITY},   {"rate_limited", OSR_PERR_RATE_LIMITED},
-  {"timeout", OSR_PERR_TIMEOUT},     {"unavailable", OSR_PERR_UNAVAILABLE},
-  {"auth", OSR_PERR_AUTH},           {"invalid", OSR_PERR_INVALID},
-  {"boot_failed", OSR_PERR_BOOT_FAILED}, {"not_found", OSR_PERR_NOT_FOUND},
+    {"capacity", OSR_PERR_CAPACITY},
+    {"rate_limited", OSR_PERR_RATE_LIMITED},
+    {"timeout", OSR_PERR_TIMEOUT},
+    {"unavailable", OSR_PERR_UNAVAILABLE},
+    {"auth", OSR_PERR_AUTH},
+    {"invalid", OSR_PERR_INVALID},
+    {"boot_failed", OSR_PERR_BOOT_FAILED},
+    {"not_found", OSR_PERR_NOT_FOUND},
 };
 
 int osr__sim_err_parse(const char *name)
@@ -207,14 +211,13 @@ json_t *osr__sim_resource_to_json(const osr_resource_t *r, const char *tenant, i
   json_t *labels = json_pack("{s:s}", OSR_LABEL_SANDBOX_ID, r->sandbox_id);
   if (tenant != NULL && tenant[0] != '\0')
     json_object_set_new(labels, OSR_LABEL_TENANT, json_string(tenant));
-  return json_pack("{s:s,s:s,s:s,s:o,s:s,s:s?,s:s,s:s,s:I,s:{s:I,s:I,s:{s:I,s:s},s:b,s:o}}",
-                   "id", r->provider_id, "sandbox_id", r->sandbox_id, "tenant",
-                   tenant != NULL ? tenant : "", "labels", labels, "region", r->region,
-                   "isolation", iso, "state", state_name(r->state), "agent_endpoint",
-                   r->agent_endpoint, "created_ms", (json_int_t)created_ms, "granted", "vcpus",
-                   (json_int_t)g->vcpus, "memoryMiB", (json_int_t)g->min_memory_mib, "gpu",
-                   "count", (json_int_t)g->gpu_count, "type", g->gpu_type, "snapshot",
-                   g->snapshot, "ports", ports);
+  return json_pack(
+      "{s:s,s:s,s:s,s:o,s:s,s:s?,s:s,s:s,s:I,s:{s:I,s:I,s:{s:I,s:s},s:b,s:o}}", "id",
+      r->provider_id, "sandbox_id", r->sandbox_id, "tenant", tenant != NULL ? tenant : "", "labels",
+      labels, "region", r->region, "isolation", iso, "state", state_name(r->state),
+      "agent_endpoint", r->agent_endpoint, "created_ms", (json_int_t)created_ms, "granted", "vcpus",
+      (json_int_t)g->vcpus, "memoryMiB", (json_int_t)g->min_memory_mib, "gpu", "count",
+      (json_int_t)g->gpu_count, "type", g->gpu_type, "snapshot", g->snapshot, "ports", ports);
 }
 
 int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant)
@@ -243,8 +246,8 @@ int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant
     const char *gtype = "";
     int snap = 0;
     json_t *ports = NULL;
-    json_unpack(granted, "{s?I,s?I,s?{s?I,s?s},s?b,s?o}", "vcpus", &vcpus, "memoryMiB", &mem,
-                "gpu", "count", &gcount, "type", &gtype, "snapshot", &snap, "ports", &ports);
+    json_unpack(granted, "{s?I,s?I,s?{s?I,s?s},s?b,s?o}", "vcpus", &vcpus, "memoryMiB", &mem, "gpu",
+                "count", &gcount, "type", &gtype, "snapshot", &snap, "ports", &ports);
     g->vcpus = (uint32_t)vcpus;
     g->min_memory_mib = (uint32_t)mem;
     g->gpu_count = (uint32_t)gcount;
@@ -264,23 +267,6 @@ int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant
 }
 
 /* ---- configuration ------------------------------------------------------- */
-
-static int cfg_err(char *err, size_t errlen, const char *key, const char *what)
-{
-  snprintf(err, errlen, "key '%s': %s", key, what);
-  return OSR_EINVAL;
-}
-
-static int num_in(const json_t *v, double lo, double hi, double *out)
-{
-  if (!json_is_number(v))
-    return -1;
-  double d = json_number_value(v);
-  if (!(d >= lo && d <= hi))
-    return -1;
-  *out = d;
-  return 0;
-}
 
 static int parse_strlist(const json_t *v, char (*out)[OSR_NAME_MAX], size_t max, size_t *n)
 {
@@ -319,54 +305,60 @@ static int parse_config(sim_t *s, const json_t *cfg, char *err, size_t errlen)
   int have_expected = 0;
 
   if (cfg != NULL && !json_is_object(cfg))
-    return cfg_err(err, errlen, "(config)", "must be an object");
+    return osr_rest_cfg_err(err, errlen, "(config)", "must be an object");
   json_object_foreach((json_t *)cfg, key, v)
   {
     double d;
     if (strcmp(key, "name") == 0 || strcmp(key, "type") == 0) {
       continue;
     } else if (strcmp(key, "latency_ms") == 0) {
-      if (num_in(v, 0, 3600e3, &s->latency_ms))
-        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+      if (osr_rest_num_in(v, 0, 3600e3, &s->latency_ms))
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a number of milliseconds from 0 to 3600000");
     } else if (strcmp(key, "latency_jitter_ms") == 0) {
-      if (num_in(v, 0, 3600e3, &s->jitter_ms))
-        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+      if (osr_rest_num_in(v, 0, 3600e3, &s->jitter_ms))
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a number of milliseconds from 0 to 3600000");
     } else if (strcmp(key, "failure_rate") == 0) {
-      if (num_in(v, 0, 1, &s->failure_rate))
-        return cfg_err(err, errlen, key, "must be a number from 0 to 1");
+      if (osr_rest_num_in(v, 0, 1, &s->failure_rate))
+        return osr_rest_cfg_err(err, errlen, key, "must be a number from 0 to 1");
     } else if (strcmp(key, "boot_failure_rate") == 0) {
-      if (num_in(v, 0, 1, &s->boot_failure_rate))
-        return cfg_err(err, errlen, key, "must be a number from 0 to 1");
+      if (osr_rest_num_in(v, 0, 1, &s->boot_failure_rate))
+        return osr_rest_cfg_err(err, errlen, key, "must be a number from 0 to 1");
     } else if (strcmp(key, "capacity") == 0) {
       if (!json_is_integer(v) || json_integer_value(v) < 0 ||
           json_integer_value(v) > SIM_MAX_RESOURCES)
-        return cfg_err(err, errlen, key, "must be an integer from 0 (unlimited) to 1048576");
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be an integer from 0 (unlimited) to 1048576");
       s->capacity = (uint64_t)json_integer_value(v);
     } else if (strcmp(key, "error") == 0) {
       int code = json_is_string(v) ? osr__sim_err_parse(json_string_value(v)) : 0;
       if (code == 0 || code == OSR_PERR_BOOT_FAILED || code == OSR_PERR_NOT_FOUND)
-        return cfg_err(err, errlen, key,
-                       "must be one of capacity, rate_limited, timeout, unavailable, auth, invalid");
+        return osr_rest_cfg_err(
+            err, errlen, key,
+            "must be one of capacity, rate_limited, timeout, unavailable, auth, invalid");
       s->error = code;
     } else if (strcmp(key, "seed") == 0) {
       if (!json_is_integer(v))
-        return cfg_err(err, errlen, key, "must be an integer");
+        return osr_rest_cfg_err(err, errlen, key, "must be an integer");
       s->rng = (uint64_t)json_integer_value(v);
     } else if (strcmp(key, "isolation") == 0) {
       char names[3][OSR_NAME_MAX];
       size_t n;
       if (parse_strlist(v, names, 3, &n) != 0 || n == 0)
-        return cfg_err(err, errlen, key, "must be a non-empty list of container, gvisor, firecracker");
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a non-empty list of container, gvisor, firecracker");
       s->iso_mask = 0;
       for (size_t i = 0; i < n; i++) {
         osr_isolation_t iso = osr_isolation_parse(names[i]);
         if (iso == OSR_ISO_NONE)
-          return cfg_err(err, errlen, key, "must be a non-empty list of container, gvisor, firecracker");
+          return osr_rest_cfg_err(err, errlen, key,
+                                  "must be a non-empty list of container, gvisor, firecracker");
         s->iso_mask |= 1u << iso;
       }
     } else if (strcmp(key, "regions") == 0) {
       if (parse_strlist(v, s->regions, OSR_ARRAY_SIZE(s->regions), &s->nregions) != 0)
-        return cfg_err(err, errlen, key, "must be a list of at most 15 region names");
+        return osr_rest_cfg_err(err, errlen, key, "must be a list of at most 15 region names");
     } else if (strcmp(key, "gpus") == 0) {
       json_t *types = json_object_get(v, "types"), *max = json_object_get(v, "max");
       const char *t;
@@ -374,44 +366,48 @@ static int parse_config(sim_t *s, const json_t *cfg, char *err, size_t errlen)
       if (!json_is_object(v) || !json_is_integer(max) || json_integer_value(max) < 0 ||
           json_integer_value(max) > 1024 || (types != NULL && !json_is_object(types)) ||
           json_object_size(types) > OSR_ARRAY_SIZE(s->gpu_types))
-        return cfg_err(err, errlen, key,
-                       "must be {max: N, types: {TYPE: usd_per_gpu_second, ...}} (at most 7 types)");
+        return osr_rest_cfg_err(
+            err, errlen, key,
+            "must be {max: N, types: {TYPE: usd_per_gpu_second, ...}} (at most 7 types)");
       s->gpu_max = (uint32_t)json_integer_value(max);
       s->ngpus = 0;
       json_object_foreach(types, t, price)
       {
-        if (strlen(t) == 0 || strlen(t) >= OSR_NAME_MAX || num_in(price, 0, 1e6, &d) != 0)
-          return cfg_err(err, errlen, key, "each GPU type needs a non-negative price per second");
+        if (strlen(t) == 0 || strlen(t) >= OSR_NAME_MAX || osr_rest_num_in(price, 0, 1e6, &d) != 0)
+          return osr_rest_cfg_err(err, errlen, key,
+                                  "each GPU type needs a non-negative price per second");
         copy_str(s->gpu_types[s->ngpus], OSR_NAME_MAX, t);
         s->gpu_prices[s->ngpus++] = d;
       }
     } else if (strcmp(key, "snapshot") == 0 || strcmp(key, "accept_any") == 0) {
       if (!json_is_boolean(v))
-        return cfg_err(err, errlen, key, "must be true or false");
+        return osr_rest_cfg_err(err, errlen, key, "must be true or false");
       *(strcmp(key, "snapshot") == 0 ? &s->snapshot : &s->accept_any) = json_is_true(v);
     } else if (strcmp(key, "prices") == 0) {
       const char *pk;
       json_t *pv;
       if (!json_is_object(v))
-        return cfg_err(err, errlen, key, "must be {vcpu_per_s, gib_per_s, per_create}");
+        return osr_rest_cfg_err(err, errlen, key, "must be {vcpu_per_s, gib_per_s, per_create}");
       json_object_foreach(v, pk, pv)
       {
-        double *dst = strcmp(pk, "vcpu_per_s") == 0  ? &s->price_vcpu
-                      : strcmp(pk, "gib_per_s") == 0 ? &s->price_gib
+        double *dst = strcmp(pk, "vcpu_per_s") == 0   ? &s->price_vcpu
+                      : strcmp(pk, "gib_per_s") == 0  ? &s->price_gib
                       : strcmp(pk, "per_create") == 0 ? &s->price_create
                                                       : NULL;
-        if (dst == NULL || num_in(pv, 0, 1e6, dst) != 0)
-          return cfg_err(err, errlen, key,
-                         "must be {vcpu_per_s, gib_per_s, per_create} with non-negative USD numbers");
+        if (dst == NULL || osr_rest_num_in(pv, 0, 1e6, dst) != 0)
+          return osr_rest_cfg_err(
+              err, errlen, key,
+              "must be {vcpu_per_s, gib_per_s, per_create} with non-negative USD numbers");
       }
     } else if (strcmp(key, "expected_create_ms") == 0) {
-      if (num_in(v, 0, 3600e3, &s->expected_ms))
-        return cfg_err(err, errlen, key, "must be a number of milliseconds from 0 to 3600000");
+      if (osr_rest_num_in(v, 0, 3600e3, &s->expected_ms))
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a number of milliseconds from 0 to 3600000");
       have_expected = 1;
     } else if (strcmp(key, "max_ports") == 0 || strcmp(key, "max_memory_mib") == 0 ||
                strcmp(key, "max_vcpus") == 0) {
       if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1 << 24)
-        return cfg_err(err, errlen, key, "must be a non-negative integer");
+        return osr_rest_cfg_err(err, errlen, key, "must be a non-negative integer");
       uint32_t x = (uint32_t)json_integer_value(v);
       if (key[4] == 'p')
         s->max_ports = x > OSR_MAX_PORTS ? OSR_MAX_PORTS : x;
@@ -421,14 +417,16 @@ static int parse_config(sim_t *s, const json_t *cfg, char *err, size_t errlen)
         s->max_vcpus = x;
     } else if (strcmp(key, "url") == 0) {
       if (!json_is_string(v) || parse_url(s, json_string_value(v)) != 0)
-        return cfg_err(err, errlen, key, "must be http://HOST:PORT (an osr-sim server)");
+        return osr_rest_cfg_err(err, errlen, key, "must be http://HOST:PORT (an osr-sim server)");
       s->url_mode = 1;
     } else if (strcmp(key, "timeout_ms") == 0) {
-      if (num_in(v, 1, 3600e3, &d))
-        return cfg_err(err, errlen, key, "must be a number of milliseconds from 1 to 3600000");
+      if (osr_rest_num_in(v, 1, 3600e3, &d))
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a number of milliseconds from 1 to 3600000");
       s->timeout_ms = (uint64_t)d;
     } else {
-      return cfg_err(err, errlen, key, "unknown key for a sim provider (see docs/adapters.md)");
+      return osr_rest_cfg_err(err, errlen, key,
+                              "unknown key for a sim provider (see docs/adapters.md)");
     }
   }
   if (!have_expected)
@@ -562,8 +560,8 @@ json_t *osr__sim_dump(osr_provider_t *p)
   sim_t *s = p->impl;
   json_t *a = json_array();
   for (size_t i = 0; i < s->nres; i++)
-    json_array_append_new(a, osr__sim_resource_to_json(&s->res[i].r, s->res[i].tenant,
-                                                       s->res[i].created_ms));
+    json_array_append_new(
+        a, osr__sim_resource_to_json(&s->res[i].r, s->res[i].tenant, s->res[i].created_ms));
   return a;
 }
 
@@ -1093,15 +1091,15 @@ static void sim_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))
 }
 
 const osr_adapter_t osr_adapter_sim = {
-  .version = OSR_ADAPTER_VERSION,
-  .type = "sim",
-  .init = sim_init,
-  .describe = sim_describe,
-  .create = sim_create,
-  .destroy = sim_destroy,
-  .get = sim_get,
-  .list = sim_list,
-  .pause = NULL,
-  .resume = NULL,
-  .close = sim_close,
+    .version = OSR_ADAPTER_VERSION,
+    .type = "sim",
+    .init = sim_init,
+    .describe = sim_describe,
+    .create = sim_create,
+    .destroy = sim_destroy,
+    .get = sim_get,
+    .list = sim_list,
+    .pause = NULL,
+    .resume = NULL,
+    .close = sim_close,
 };
