@@ -209,6 +209,14 @@ static void sock_trim(osr_sock_t *s)
   buf_trim(&s->_raw, 0);
 }
 
+void osr__sock_trim_input(osr_sock_t *s)
+{
+  /* Unlike sock_trim, a grown buffer goes too: the caller's stream is
+   * between writes and may idle for long. */
+  if (s->input.len == 0 && !(s->_flags & OSR_SOCK_F_CLOSING))
+    buf_trim(&s->input, 1);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
   osr_sock_t *s = h->data;

@@ -208,6 +208,10 @@ int osr__sock_start_tls(osr_sock_t *s, osr_tls_ctx_t *ctx, int is_server, const 
  *  osr_buf_reserve then allocates). sock.c hands the block back once the
  *  buffer is empty again. */
 void osr__sock_buf_adopt(osr_buf_t *b);
+/** Give s->input's memory back when it holds no bytes (a pooled block
+ *  returns to the pool, a grown buffer is freed), for owners that consume outside on_read, e.g. in a
+ *  write callback (net/splice.c). No-op otherwise. */
+void osr__sock_trim_input(osr_sock_t *s);
 /** Called by tls.c when the handshake is done. */
 void osr__sock_handshake_done(osr_sock_t *s, int status);
 

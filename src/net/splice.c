@@ -333,17 +333,15 @@ static int start_splice(side_t *sd)
 
 /* ---- copy path ------------------------------------------------------------------ */
 
-/* Give an empty input buffer's memory back: a relay spends most of its life
- * idle (a WebSocket, a pooled tunnel) and the socket reserves a fresh
- * buffer only when bytes arrive, so an idle relay holds none (the idle
- * WebSocket row of the benchmark). Only while nobody points into it. */
+/* A relay spends most of its life idle (a WebSocket, a pooled tunnel) and a
+ * direction consumes its input only when the forwarding write completes,
+ * after the read that net/sock.c trims at; so give the empty buffer back
+ * here too: an idle relay holds none (the idle WebSocket row of the
+ * benchmark). */
 static void trim_input(osr_sock_t *s)
 {
-  if (s != NULL && s->input.len == 0 && s->input.base != NULL) {
-    size_t max = s->input.max;
-    osr_buf_dispose(&s->input);
-    osr_buf_init(&s->input, max);
-  }
+  if (s != NULL)
+    osr__sock_trim_input(s);
 }
 
 static void on_forwarded(osr_sock_t *dst, int status, void *arg)
