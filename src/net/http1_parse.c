@@ -490,22 +490,10 @@ void osr__h1p_init(osr_h1p_t *p, int is_request, const osr_http_limits_t *limits
   p->_ll.data = p;
 }
 
-void osr__h1p_dispose(osr_h1p_t *p)
+/* Give the head's block and the header index back; the results go with
+ * them. */
+static void release_head(osr_h1p_t *p)
 {
-  if (p->head.base != NULL && p->head.cap == osr_block_size(OSR_BLOCK_4K)) {
-    osr_block_put(OSR_BLOCK_4K, p->head.base);
-    p->head.base = NULL;
-  }
-  osr_buf_dispose(&p->head);
-  index_release(p);
-  p->headers = NULL;
-  p->num_headers = 0;
-}
-
-void osr__h1p_trim(osr_h1p_t *p)
-{
-  if (p->_begun)
-    return;
   if (p->head.base != NULL && p->head.cap == osr_block_size(OSR_BLOCK_4K)) {
     osr_block_put(OSR_BLOCK_4K, p->head.base);
     p->head.base = NULL;
@@ -516,6 +504,17 @@ void osr__h1p_trim(osr_h1p_t *p)
   p->num_headers = 0;
   p->target = osr_iov(NULL, 0);
   p->reason = osr_iov(NULL, 0);
+}
+
+void osr__h1p_dispose(osr_h1p_t *p)
+{
+  release_head(p);
+}
+
+void osr__h1p_trim(osr_h1p_t *p)
+{
+  if (!p->_begun)
+    release_head(p);
 }
 
 void osr__h1p_reset(osr_h1p_t *p)
