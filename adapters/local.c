@@ -5,7 +5,8 @@
  * Two isolation classes, each declared only when its runtime is installed:
  *   container  bubblewrap: user, pid, mount, net, ipc, uts and cgroup
  *              namespaces, no capabilities, no_new_privs, a seccomp denylist
- *              (local_seccomp.c), a per-sandbox host uid, cgroup v1 limits.
+ *              (local_seccomp.c), a per-sandbox host uid, cgroup limits (v2
+ *              or v1, local_cgroup.c) or rlimits where there are none.
  *   gvisor     runsc (OCI bundle, `run --detach`) on the ptrace platform
  *              with --network=none; runsc applies the cgroup limits itself.
  *
@@ -62,7 +63,6 @@
 #define L_MAX_ENV 256
 #define L_MAX_ARGS 160
 #define L_PROBE_MAX 4096
-#define L_CG_ROOT "/sys/fs/cgroup"
 #define L_AGENT_IN "/opt/osr/osr-agent"
 /* cpu.shares of a warm-pool sandbox until its handoff (1024 = the kernel's
  * default, which every handed-out sandbox gets). A refill boots in the
@@ -95,6 +95,7 @@ struct lsb_s {
   int warm;                       /* (loop) in the pool, not handed out */
   int ready;                      /* (loop) the agent answered */
   int paused;                     /* (loop) */
+  long oom_seen;                  /* (loop) OOM kills already reported */
   int doomed;                     /* (loop) being destroyed: no new ops */
   int refs;                       /* (loop) ops and handles using this struct */
   uv_process_t proc;              /* container wrapper, when spawned by us */
@@ -131,6 +132,7 @@ struct lop_s {
   int timer_open;
   uv_work_t work;
   int work_rc;
+  long oom_kills;         /* the sandbox's cgroup OOM kill count, read by the job; -1 = not read */
   /* create */
   char token[256];
   char env_blob[8192];    /* NUL-separated KEY=VALUE pairs from spec->env */
@@ -187,7 +189,7 @@ struct lp_s {
   int pool_disabled;      /* the agent refused the handoff, or pool creates keep failing */
   unsigned pool_failures; /* pool creates failed in a row */
   /* host capabilities, probed at init */
-  int cg_mem, cg_pids, cg_cpu, cg_freezer;
+  osr__lcg_t cg;
   int can_mount;
   unsigned char bpf[2048];
   size_t bpf_len;
@@ -283,25 +285,6 @@ static int write_atomic(const char *path, const void *data, size_t len, mode_t m
   return rv;
 }
 
-static int read_small(const char *path, char *buf, size_t cap)
-{
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return -errno;
-  size_t n = 0;
-  while (n + 1 < cap) {
-    ssize_t r = read(fd, buf + n, cap - 1 - n);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      break;
-    n += (size_t)r;
-  }
-  close(fd);
-  buf[n] = '\0';
-  return (int)n;
-}
-
 static int mkdir_owned(const char *path, mode_t mode, uid_t uid)
 {
   if (mkdir(path, mode) != 0 && errno != EEXIST)
@@ -386,7 +369,7 @@ static uint64_t proc_start(int64_t pid)
   if (pid <= 0)
     return 0;
   fmt(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
-  if (read_small(path, buf, sizeof(buf)) <= 0)
+  if (osr__local_read_small(path, buf, sizeof(buf)) <= 0)
     return 0;
   char *p = strrchr(buf, ')');
   if (p == NULL)
@@ -407,69 +390,10 @@ static int proc_is_zombie(int64_t pid)
 {
   char path[64], buf[512];
   fmt(path, sizeof(path), "/proc/%lld/stat", (long long)pid);
-  if (read_small(path, buf, sizeof(buf)) <= 0)
+  if (osr__local_read_small(path, buf, sizeof(buf)) <= 0)
     return 1;
   char *p = strrchr(buf, ')');
   return p == NULL || p[1] == '\0' || p[2] == 'Z' || p[2] == 'X';
-}
-
-static const char *cg_ctrl[] = {"memory", "pids", "cpu", "freezer"};
-
-static void cg_path(char *out, size_t len, const char *ctrl, const char *id, const char *file)
-{
-  fmt(out, len, L_CG_ROOT "/%s/osr/%s%s%s", ctrl, id, file ? "/" : "", file ? file : "");
-}
-
-static int cg_enabled(const lp_t *lp, int i)
-{
-  const int on[] = {lp->cg_mem, lp->cg_pids, lp->cg_cpu, lp->cg_freezer};
-  return on[i];
-}
-
-/* Kill every task of a sandbox's cgroups, freezing first so a fork bomb
- * cannot outrun the kill loop, then remove the groups (worker). */
-static void cg_kill_and_remove(const lp_t *lp, const char *id)
-{
-  char path[L_PATH], buf[1 << 16];
-  int frozen = 0;
-  if (lp->cg_freezer) {
-    cg_path(path, sizeof(path), "freezer", id, "freezer.state");
-    frozen = write_file(path, "FROZEN", 6, 0644, (uid_t)-1) == 0;
-  }
-  for (int round = 0; round < 200; round++) {
-    int any = 0;
-    for (int i = 0; i < 4; i++) {
-      if (!cg_enabled(lp, i))
-        continue;
-      cg_path(path, sizeof(path), cg_ctrl[i], id, "cgroup.procs");
-      if (read_small(path, buf, sizeof(buf)) <= 0)
-        continue;
-      for (char *s = buf; *s != '\0';) {
-        long pid = strtol(s, &s, 10);
-        if (pid > 0) {
-          kill((pid_t)pid, SIGKILL);
-          any = 1;
-        }
-        while (*s == '\n')
-          s++;
-        if (pid <= 0 && *s != '\0')
-          s++;
-      }
-    }
-    if (frozen) {
-      /* SIGKILL is delivered to frozen tasks only once they thaw. */
-      cg_path(path, sizeof(path), "freezer", id, "freezer.state");
-      write_file(path, "THAWED", 6, 0644, (uid_t)-1);
-      frozen = 0;
-    }
-    if (!any)
-      break;
-    usleep(5000); /* worker thread: waiting for the kernel to reap */
-  }
-  for (int i = 0; i < 4; i++) {
-    cg_path(path, sizeof(path), cg_ctrl[i], id, NULL);
-    rmdir(path);
-  }
 }
 
 /* ---- sandbox table -------------------------------------------------------- */
@@ -740,9 +664,24 @@ static void on_op_timer(uv_timer_t *t)
 
 /* ---- thread-pool jobs ----------------------------------------------------------- */
 
+/* Report OOM kills the last job saw (get and destroy read the count):
+ * the process got SIGKILL (exit 137 through the agent), and the operator
+ * learns why from this line. */
+static void oom_note(lop_t *op)
+{
+  lsb_t *sb = op->sb;
+  if (sb == NULL || op->oom_kills <= sb->oom_seen)
+    return;
+  OSR_LOG_WARN(MOD, "%s (%s): the kernel OOM-killed %ld process(es) at the %u MiB memory limit",
+               sb->id, sb->sandbox_id[0] ? sb->sandbox_id : "pool", op->oom_kills - sb->oom_seen,
+               sb->mem_mib);
+  sb->oom_seen = op->oom_kills;
+}
+
 static void on_work_done(uv_work_t *w, int status)
 {
   lop_t *op = w->data;
+  oom_note(op);
   if (status != 0)
     op_fail(op, status);
   else if (op->work_rc != 0)
@@ -753,6 +692,7 @@ static void on_work_done(uv_work_t *w, int status)
 static int op_work(lop_t *op, void (*fn)(uv_work_t *w))
 {
   op->work_rc = 0;
+  op->oom_kills = -1;
   int rv = uv_queue_work(op->lp->p->loop, &op->work, fn, on_work_done);
   if (rv == 0)
     op->pending++;
@@ -974,58 +914,16 @@ static void prep_work(uv_work_t *w)
     goto out;
 
   if (sb->iso == OSR_ISO_CONTAINER) {
-    for (int i = 0; i < 4; i++) {
-      if (!cg_enabled(lp, i))
-        continue;
-      cg_path(path, sizeof(path), cg_ctrl[i], "", NULL); /* .../osr/ */
-      mkdir(path, 0755);
-      cg_path(path, sizeof(path), cg_ctrl[i], sb->id, NULL);
-      if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-        rv = -errno;
-        goto out;
-      }
-      /* The wrapper joins as the sandbox uid (spawn_container). cgroup v1
-       * lets a writer of cgroup.procs move only tasks of its own uid, and
-       * every other file of the group (the limits, `tasks`) stays root's;
-       * inside the sandbox the cgroup file system is not even mounted. */
-      cg_path(path, sizeof(path), cg_ctrl[i], sb->id, "cgroup.procs");
-      if (chown(path, sb->uid, sb->uid) != 0) {
-        rv = -errno;
-        goto out;
-      }
-    }
-    char val[32];
-    if (lp->cg_mem) {
-      fmt(val, sizeof(val), "%llu", (unsigned long long)sb->mem_mib << 20);
-      cg_path(path, sizeof(path), "memory", sb->id, "memory.limit_in_bytes");
-      if ((rv = write_file(path, val, strlen(val), 0644, (uid_t)-1)) != 0)
-        goto out;
-      /* Where swap accounting exists, forbid swapping around the limit. */
-      cg_path(path, sizeof(path), "memory", sb->id, "memory.memsw.limit_in_bytes");
-      write_file(path, val, strlen(val), 0644, (uid_t)-1);
-    }
-    if (lp->cg_pids) {
-      fmt(val, sizeof(val), "%u", sb->pids_max);
-      cg_path(path, sizeof(path), "pids", sb->id, "pids.max");
-      if ((rv = write_file(path, val, strlen(val), 0644, (uid_t)-1)) != 0)
-        goto out;
-    }
-    if (lp->cg_cpu) {
-      cg_path(path, sizeof(path), "cpu", sb->id, "cpu.cfs_period_us");
-      write_file(path, "100000", 6, 0644, (uid_t)-1);
-      fmt(val, sizeof(val), "%u", sb->vcpus * 100000u);
-      cg_path(path, sizeof(path), "cpu", sb->id, "cpu.cfs_quota_us");
-      if ((rv = write_file(path, val, strlen(val), 0644, (uid_t)-1)) != 0)
-        goto out;
-      if (sb->warm) {
-        fmt(val, sizeof(val), "%u", L_POOL_CPU_SHARES);
-        cg_path(path, sizeof(path), "cpu", sb->id, "cpu.shares");
-        if ((rv = write_file(path, val, strlen(val), 0644, (uid_t)-1)) != 0)
-          goto out;
-      }
-    }
+    osr__lcg_limits_t lim = {.mem_bytes = (uint64_t)sb->mem_mib << 20,
+                             .pids_max = sb->pids_max,
+                             .vcpus = sb->vcpus,
+                             .cpu_shares = sb->warm ? L_POOL_CPU_SHARES : L_CPU_SHARES};
+    if ((rv = osr__lcg_create(&lp->cg, sb->id, &lim, sb->uid)) != 0)
+      goto out;
   } else {
-    if ((rv = write_bundle(op)) != 0)
+    /* runsc makes /osr/<id> itself; on v2 its parent must exist with the
+     * controllers enabled for it. */
+    if ((rv = osr__lcg_parent(&lp->cg)) != 0 || (rv = write_bundle(op)) != 0)
       goto out;
   }
   rv = write_meta(sb);
@@ -1042,7 +940,9 @@ static void clean_work(uv_work_t *w)
   char path[L_PATH + 32];
   if (sb->iso == OSR_ISO_CONTAINER && sb->pid > 0 && proc_start(sb->pid) != 0)
     kill((pid_t)sb->pid, SIGKILL); /* the wrapper: bwrap's --die-with-parent follows */
-  cg_kill_and_remove(op->lp, sb->id);
+  if (sb->iso == OSR_ISO_CONTAINER)
+    op->oom_kills = osr__lcg_oom_kills(&op->lp->cg, sb->id);
+  osr__lcg_remove(&op->lp->cg, sb->id);
   fmt(path, sizeof(path), "%s/rw", sb->dir);
   umount2(path, MNT_DETACH);
   /* The state dir is ours; remove the meta file last so that a crash in
@@ -1079,6 +979,8 @@ static void check_work(uv_work_t *w)
 {
   lop_t *op = w->data;
   op->work_rc = sb_alive(op->sb) ? 0 : 1; /* 1 = stopped, handled in op_next */
+  if (op->sb->iso == OSR_ISO_CONTAINER)
+    op->oom_kills = osr__lcg_oom_kills(&op->lp->cg, op->sb->id);
 }
 
 static void meta_work(uv_work_t *w)
@@ -1092,7 +994,7 @@ static void read_pid_work(uv_work_t *w)
   lop_t *op = w->data;
   char path[L_PATH + 16], buf[64];
   fmt(path, sizeof(path), "%s/runsc.pid", op->sb->dir);
-  if (read_small(path, buf, sizeof(buf)) <= 0) {
+  if (osr__local_read_small(path, buf, sizeof(buf)) <= 0) {
     op->work_rc = OSR_PERR_BOOT_FAILED;
     return;
   }
@@ -1103,19 +1005,7 @@ static void read_pid_work(uv_work_t *w)
 static void freeze_work(uv_work_t *w)
 {
   lop_t *op = w->data;
-  char path[L_PATH];
-  cg_path(path, sizeof(path), "freezer", op->sb->id, "freezer.state");
-  const char *v = op->pause_target ? "FROZEN" : "THAWED";
-  op->work_rc = write_file(path, v, strlen(v), 0644, (uid_t)-1);
-  if (op->work_rc == 0) {
-    /* Freezing is asynchronous in cgroup v1: wait (bounded) until done. */
-    char st[32];
-    for (int i = 0; i < 200; i++) {
-      if (read_small(path, st, sizeof(st)) > 0 && strncmp(st, v, strlen(v)) == 0)
-        break;
-      usleep(1000);
-    }
-  }
+  op->work_rc = osr__lcg_freeze(&op->lp->cg, op->sb->id, op->pause_target);
 }
 
 static void handoff_work(uv_work_t *w)
@@ -1125,13 +1015,8 @@ static void handoff_work(uv_work_t *w)
   /* Full CPU weight from now on (it booted at L_POOL_CPU_SHARES). Both
    * classes: runsc made the same cgroup path from config.json. Only a host
    * without the cpu controller has no such file. */
-  if (op->lp->cg_cpu) {
-    char val[16];
-    fmt(val, sizeof(val), "%u", L_CPU_SHARES);
-    cg_path(path, sizeof(path), "cpu", op->sb->id, "cpu.shares");
-    if ((op->work_rc = write_file(path, val, strlen(val), 0644, (uid_t)-1)) != 0)
-      return;
-  }
+  if ((op->work_rc = osr__lcg_set_shares(&op->lp->cg, op->sb->id, L_CPU_SHARES)) != 0)
+    return;
   fmt(path, sizeof(path), "%s/secret/token", op->sb->dir);
   op->work_rc = write_atomic(path, op->token, strlen(op->token), 0400, op->sb->uid);
   if (op->work_rc == 0)
@@ -1322,32 +1207,54 @@ static int spawn_container(lop_t *op)
   lp_t *lp = op->lp;
   char *a[L_MAX_ARGS + L_MAX_ENV * 3];
   int n = 0;
-  char cgf[4][L_PATH], uidb[16], rlim_as[64], rlim_np[64];
+  char cgf[4][L_PATH], uidb[16], rlim_as[64], rlim_np[64], reuid[32], regid[32];
   char rw_etc[L_PATH + 16], rw_home[L_PATH + 16], rw_tmp[L_PATH + 16], run[L_PATH + 16],
     secret[L_PATH + 16];
+  size_t ncg = osr__lcg_procs_files(&lp->cg, sb->id, cgf[0], sizeof(cgf[0]), 4);
+  int v2 = lp->cg.mode == OSR__LCG_V2 && ncg > 0;
 
+  if (v2) {
+    /* cgroup v2 lets a process move a task only with write access to the
+     * cgroup.procs of the common ancestor of both groups, here the root:
+     * the sandbox uid can never join by itself. So this first shell runs
+     * as root, joins the group (a child inherits it at fork, so bwrap and
+     * everything below start inside), and execs setpriv, which drops to
+     * the sandbox uid (root's capabilities go with the uid change) before
+     * the v1 chain below runs. Root runs only this fixed script; nothing
+     * of the sandbox runs before the drop. clone3(CLONE_INTO_CGROUP)
+     * would avoid the root step but needs our own fork/exec in place of
+     * uv_spawn, which offers no such hook. */
+    a[n++] = "/bin/sh";
+    a[n++] = "-c";
+    a[n++] = "echo $$ > \"$1\" || exit 125; shift; exec \"$@\"";
+    a[n++] = "osr-sandbox";
+    a[n++] = cgf[0];
+    fmt(reuid, sizeof(reuid), "--reuid=%u", sb->uid);
+    fmt(regid, sizeof(regid), "--regid=%u", sb->uid);
+    a[n++] = "/usr/bin/setpriv";
+    a[n++] = reuid;
+    a[n++] = regid;
+    a[n++] = "--clear-groups";
+    a[n++] = "--";
+  }
   a[n++] = "/bin/sh";
   a[n++] = "-c";
-  /* Join each cgroup, then run the rest. `rc=$?` after the command keeps
-   * dash from exec'ing it. */
+  /* Join each cgroup (v1), then run the rest. `rc=$?` after the command
+   * keeps dash from exec'ing it. */
   a[n++] = "while [ \"$1\" != -- ]; do echo $$ > \"$1\" || exit 125; shift; done; shift; "
            "\"$@\"; rc=$?; exit $rc";
   a[n++] = "osr-sandbox";
-  for (int i = 0; i < 4; i++) {
-    if (!cg_enabled(lp, i))
-      continue;
-    cg_path(cgf[i], sizeof(cgf[i]), cg_ctrl[i], sb->id, "cgroup.procs");
+  for (size_t i = 0; !v2 && i < ncg; i++)
     a[n++] = cgf[i];
-  }
   a[n++] = "--";
-  if (!lp->cg_mem || !lp->cg_pids) {
+  if (!lp->cg.mem || !lp->cg.pids) {
     /* No cgroup for it: fall back to rlimits (per process / per uid). */
     a[n++] = "/usr/bin/prlimit";
-    if (!lp->cg_mem) {
+    if (!lp->cg.mem) {
       fmt(rlim_as, sizeof(rlim_as), "--as=%llu", (unsigned long long)sb->mem_mib << 20);
       a[n++] = rlim_as;
     }
-    if (!lp->cg_pids) {
+    if (!lp->cg.pids) {
       fmt(rlim_np, sizeof(rlim_np), "--nproc=%u", sb->pids_max);
       a[n++] = rlim_np;
     }
@@ -1444,9 +1351,10 @@ static int spawn_container(lop_t *op)
   o.stdio = stdio;
   o.stdio_count = 4;
   /* Its own session (it outlives the gateway), and the sandbox's uid from
-   * the start: bwrap then creates its namespaces unprivileged, so the
-   * sandbox never holds host privilege, even before its capability drop. */
-  o.flags = UV_PROCESS_DETACHED | UV_PROCESS_SETUID | UV_PROCESS_SETGID;
+   * the start (v2: from setpriv, above): bwrap then creates its namespaces
+   * unprivileged, so the sandbox never holds host privilege, even before
+   * its capability drop. */
+  o.flags = UV_PROCESS_DETACHED | (v2 ? 0 : UV_PROCESS_SETUID | UV_PROCESS_SETGID);
   o.uid = sb->uid;
   o.gid = sb->uid;
   sb->proc.data = sb;
@@ -1974,17 +1882,6 @@ static int cfg_str(const json_t *c, const char *key, char *out, size_t len, char
   return 0;
 }
 
-static int cg_usable(const char *ctrl)
-{
-  /* Usable = we may create groups (root, controller mounted rw). */
-  char path[128];
-  fmt(path, sizeof(path), L_CG_ROOT "/%s/cgroup.procs", ctrl);
-  if (access(path, W_OK) != 0)
-    return 0;
-  fmt(path, sizeof(path), L_CG_ROOT "/%s", ctrl);
-  return access(path, W_OK) == 0;
-}
-
 static void on_kick(uv_timer_t *t);
 
 static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t errlen)
@@ -2124,10 +2021,10 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
   lp->pools[0].iso = OSR_ISO_CONTAINER;
   lp->pools[1].iso = OSR_ISO_GVISOR;
 
-  lp->cg_mem = cg_usable("memory");
-  lp->cg_pids = cg_usable("pids");
-  lp->cg_cpu = cg_usable("cpu");
-  lp->cg_freezer = cg_usable("freezer");
+  osr__lcg_probe(&lp->cg);
+  char limits[256];
+  OSR_LOG_INFO(MOD, "provider '%s': container limits by %s", p->name,
+               osr__lcg_describe(&lp->cg, limits, sizeof(limits)));
   lp->can_mount = geteuid() == 0;
   lp->bpf_len = osr__local_seccomp_bpf(lp->bpf, sizeof(lp->bpf));
   if (lp->bpf_len == 0) {
@@ -2157,7 +2054,7 @@ static void local_describe(osr_provider_t *p, osr_provider_info_t *info)
   memset(info, 0, sizeof(*info));
   info->isolation_mask = lp->iso_mask;
   info->snapshot = 1;
-  info->pause = lp->cg_freezer || (lp->iso_mask & (1u << OSR_ISO_GVISOR)) != 0;
+  info->pause = lp->cg.freezer || (lp->iso_mask & (1u << OSR_ISO_GVISOR)) != 0;
   info->max_ports = OSR_MAX_PORTS;
   info->max_memory_mib = lp->mem_max;
   info->max_vcpus = lp->vcpus_max;
@@ -2409,7 +2306,7 @@ static int pause_resume(lp_t *lp, const char *provider_id, int pause, lop_kind_t
   lsb_t *sb = provider_id ? sb_find(lp, provider_id) : NULL;
   if (sb == NULL || sb->doomed || sb->warm)
     return OSR_PERR_NOT_FOUND;
-  if (sb->iso == OSR_ISO_CONTAINER && !lp->cg_freezer)
+  if (sb->iso == OSR_ISO_CONTAINER && !lp->cg.freezer)
     return OSR_PERR_UNSUPPORTED;
   lop_t *op = op_new(lp, kind, sb, cb, data);
   op->pause_target = pause;

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /**
  * Build the classic-BPF seccomp program the container class hands to
@@ -22,5 +23,97 @@
  * and returns its size in bytes, or 0 if `cap` is too small. Pure: no I/O.
  */
 size_t osr__local_seccomp_bpf(void *out, size_t cap);
+
+/* ---- cgroups (local_cgroup.c) ------------------------------------------- */
+
+/** Which cgroup interface enforces the container class's limits. */
+typedef enum osr__lcg_mode_e {
+  OSR__LCG_NONE = 0, /**< no usable cgroup: rlimits only (prlimit --as, --nproc) */
+  OSR__LCG_V1 = 1,   /**< per-controller hierarchies /sys/fs/cgroup/<ctrl>/osr/<id> */
+  OSR__LCG_V2 = 2,   /**< the unified hierarchy /sys/fs/cgroup/osr/<id> */
+} osr__lcg_mode_t;
+
+/** What the host offers, probed once by osr__lcg_probe(). Each flag says a
+ *  limit is really enforced by a cgroup; a limit without its flag falls back
+ *  to an rlimit (memory, pids) or is not enforced (cpu), and pause needs
+ *  `freezer`. */
+typedef struct osr__lcg_s {
+  osr__lcg_mode_t mode;
+  int mem, pids, cpu, freezer;
+} osr__lcg_t;
+
+/** The limits of one sandbox's cgroup. */
+typedef struct osr__lcg_limits_s {
+  uint64_t mem_bytes;  /**< memory.max / memory.limit_in_bytes; swap is forbidden */
+  uint32_t pids_max;   /**< pids.max */
+  uint32_t vcpus;      /**< cpu.max quota = vcpus x 100 ms per 100 ms period */
+  uint32_t cpu_shares; /**< v1 cpu.shares (1024 = the default); v2 cpu.weight is scaled */
+} osr__lcg_limits_t;
+
+/**
+ * Find out how limits can be enforced here: the unified hierarchy when
+ * /sys/fs/cgroup is a cgroup2 mount (controllers from its cgroup.controllers,
+ * cgroup.freeze from kernel 5.2), else the v1 controllers memory, pids, cpu,
+ * freezer mounted writable under /sys/fs/cgroup/<ctrl>. Reads only (access,
+ * statfs, one small file): called once at provider init.
+ */
+void osr__lcg_probe(osr__lcg_t *cg);
+
+/** One line naming what enforces each limit, e.g. "cgroup v2: memory.max,
+ *  memory.swap.max, pids.max, cpu.max, cgroup.freeze". Returns `buf`. */
+const char *osr__lcg_describe(const osr__lcg_t *cg, char *buf, size_t len);
+
+/**
+ * Create sandbox `id`'s cgroup(s) with `lim` (worker thread: blocking file
+ * system work). v1: one group per controller under <ctrl>/osr/, its
+ * cgroup.procs chowned to `uid` so the unprivileged wrapper can join it.
+ * v2: the parent /sys/fs/cgroup/osr is created with memory, pids and cpu
+ * enabled in its cgroup.subtree_control (and in the root's), and never holds
+ * a process itself (the "no internal processes" rule); the sandbox group
+ * gets memory.max, memory.swap.max = 0, pids.max and cpu.max, all root's.
+ * Returns 0 or -errno. On error, osr__lcg_remove() undoes what was made.
+ */
+int osr__lcg_create(const osr__lcg_t *cg, const char *id, const osr__lcg_limits_t *lim, uid_t uid);
+
+/** The common parent of every sandbox's group, for runsc (gvisor class),
+ *  which creates its own group from config.json's cgroupsPath: v2 creates
+ *  /sys/fs/cgroup/osr with the controllers enabled for its children, so
+ *  runsc's group has memory, pids and cpu files to write; v1 does nothing
+ *  (runsc creates the per-controller directories itself).
+ *  Worker thread. Returns 0 or -errno. */
+int osr__lcg_parent(const osr__lcg_t *cg);
+
+/**
+ * The cgroup.procs files a process writes its pid into to join sandbox
+ * `id`'s cgroups: `out` gets up to `max` paths of `len` bytes each. Returns
+ * how many (0 = no cgroup). v1 files accept a write from the sandbox uid
+ * (see osr__lcg_create); the v2 file needs root (see spawn_container).
+ */
+size_t osr__lcg_procs_files(const osr__lcg_t *cg, const char *id, char *out, size_t len,
+                            size_t max);
+
+/** Freeze (`on` = 1) or thaw sandbox `id` and wait, bounded, until the
+ *  kernel says it is done (v2: "frozen 1|0" in cgroup.events). Worker
+ *  thread. Returns 0, -errno, or OSR_ETIMEDOUT (v2: then thawed again). */
+int osr__lcg_freeze(const osr__lcg_t *cg, const char *id, int on);
+
+/** Set the CPU weight of sandbox `id`, given as v1 cpu.shares (v2 writes
+ *  cpu.weight = shares x 100 / 1024, at least 1). Also for runsc's groups,
+ *  which have the same path. Worker thread. Returns 0 or -errno. */
+int osr__lcg_set_shares(const osr__lcg_t *cg, const char *id, uint32_t shares);
+
+/** How many processes of sandbox `id` the kernel's OOM killer has killed
+ *  (v2 memory.events, v1 memory.oom_control "oom_kill"), or -1 if unknown.
+ *  Worker thread. */
+long osr__lcg_oom_kills(const osr__lcg_t *cg, const char *id);
+
+/** Kill every process of sandbox `id` and remove its cgroup(s) (worker
+ *  thread, bounded). v2: cgroup.kill where the kernel has it (5.14), else a
+ *  freeze + SIGKILL loop over cgroup.procs as in v1. Idempotent. */
+void osr__lcg_remove(const osr__lcg_t *cg, const char *id);
+
+/** Read at most `cap - 1` bytes of a small file into `buf`, NUL-terminated.
+ *  Returns the length or -errno. Shared by local.c and local_cgroup.c. */
+int osr__local_read_small(const char *path, char *buf, size_t cap);
 
 #endif

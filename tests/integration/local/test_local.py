@@ -147,11 +147,11 @@ class Sandbox:
 class Driver:
     """local_driver in its own process: JSON commands in, JSON answers out."""
 
-    def __init__(self, state_dir, **cfg):
+    def __init__(self, state_dir, stderr=None, **cfg):
         c = {"state_dir": state_dir, "agent_path": AGENT}
         c.update(cfg)
         self.p = subprocess.Popen([DRIVER, json.dumps(c)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
+                                  stdout=subprocess.PIPE, stderr=stderr or sys.stderr, text=True)
         self.answers = {}
         self.cv = threading.Condition()
         self.tag = 0

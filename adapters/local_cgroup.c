@@ -1,0 +1,495 @@
+/*
+ * The container class's cgroups: memory, process-count and CPU limits,
+ * pause (freezer), OOM accounting and teardown, on either cgroup interface
+ * the host mounts (docs/local-provider.md "Limits").
+ *
+ *   v1  one hierarchy per controller: /sys/fs/cgroup/<ctrl>/osr/<id>, for
+ *       memory, pids, cpu and freezer (what this project's build VM mounts).
+ *   v2  the unified hierarchy: /sys/fs/cgroup/osr/<id>, with memory, pids
+ *       and cpu enabled in /sys/fs/cgroup/osr/cgroup.subtree_control; the
+ *       freezer is cgroup.freeze and teardown cgroup.kill (what a stock
+ *       Debian 12 host, and most production hosts, mount).
+ *
+ * Everything except osr__lcg_probe() and osr__lcg_describe() does blocking
+ * file-system work and runs on the thread pool (prep_work, clean_work,
+ * freeze_work, handoff_work in local.c). The only waits are bounded polls
+ * of kernel state that changes asynchronously (frozen, populated).
+ */
+#include "adapters/local_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "osr/common.h"
+
+#define CG_ROOT "/sys/fs/cgroup"
+#define CG_PATH 512
+#ifndef CGROUP2_SUPER_MAGIC
+#define CGROUP2_SUPER_MAGIC 0x63677270
+#endif
+/* How long freezing or emptying a group may take before we give up. The
+ * kernel does both asynchronously (a task is frozen or dies when it next
+ * returns to user space), normally within milliseconds. */
+#define CG_WAIT_MS 5000
+
+static const char *const v1_ctrl[] = {"memory", "pids", "cpu", "freezer"};
+
+static int v1_on(const osr__lcg_t *cg, int i)
+{
+  const int on[] = {cg->mem, cg->pids, cg->cpu, cg->freezer};
+  return on[i];
+}
+
+/* <root>/[<ctrl>/]osr/<id>[/<file>]; ctrl is NULL for v2, id "" for the
+ * parent. Lengths are bounded by construction (ids < 40 bytes). */
+static void path_of(char *out, size_t len, const char *ctrl, const char *id, const char *file)
+{
+  snprintf(out, len, CG_ROOT "%s%s/osr%s%s%s%s", ctrl ? "/" : "", ctrl ? ctrl : "",
+           id[0] ? "/" : "", id, file ? "/" : "", file ? file : "");
+}
+
+int osr__local_read_small(const char *path, char *buf, size_t cap)
+{
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  size_t n = 0;
+  while (n + 1 < cap) {
+    ssize_t r = read(fd, buf + n, cap - 1 - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    n += (size_t)r;
+  }
+  close(fd);
+  buf[n] = '\0';
+  return (int)n;
+}
+
+/* One write of a control file: cgroupfs takes each write(2) as one
+ * command, so no O_CREAT/O_TRUNC and no partial-write loop. */
+static int cg_write(const char *path, const char *val)
+{
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  size_t n = strlen(val);
+  ssize_t w = write(fd, val, n);
+  int rv = w == (ssize_t)n ? 0 : w < 0 ? -errno : -EIO;
+  close(fd);
+  return rv;
+}
+
+static int cg_write_u64(const char *path, uint64_t v)
+{
+  char val[32];
+  snprintf(val, sizeof(val), "%llu", (unsigned long long)v);
+  return cg_write(path, val);
+}
+
+/* The value of `key` in a flat-keyed file ("key value" lines: cgroup.events,
+ * memory.events, memory.oom_control), or -1. */
+static long keyed_value(const char *path, const char *key)
+{
+  char buf[1024];
+  if (osr__local_read_small(path, buf, sizeof(buf)) <= 0)
+    return -1;
+  size_t kl = strlen(key);
+  for (char *s = buf; *s != '\0';) {
+    if (strncmp(s, key, kl) == 0 && s[kl] == ' ')
+      return strtol(s + kl + 1, NULL, 10);
+    char *nl = strchr(s, '\n');
+    if (nl == NULL)
+      break;
+    s = nl + 1;
+  }
+  return -1;
+}
+
+static uint64_t mono_ms(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Poll `key` of cgroup.events until it equals `want` (bounded). */
+static int v2_wait_event(const char *id, const char *key, long want)
+{
+  char path[CG_PATH];
+  path_of(path, sizeof(path), NULL, id, "cgroup.events");
+  uint64_t end = mono_ms() + CG_WAIT_MS;
+  for (;;) {
+    long v = keyed_value(path, key);
+    if (v == want)
+      return 0;
+    if (v < 0)
+      return OSR_ENOENT; /* the group is gone */
+    if (mono_ms() >= end)
+      return OSR_ETIMEDOUT;
+    usleep(2000); /* worker thread */
+  }
+}
+
+/* SIGKILL every pid listed in a cgroup.procs file; 1 if there was any. */
+static int kill_listed(const char *procs)
+{
+  char buf[1 << 16];
+  int any = 0;
+  if (osr__local_read_small(procs, buf, sizeof(buf)) <= 0)
+    return 0;
+  for (char *s = buf; *s != '\0';) {
+    char *end;
+    long pid = strtol(s, &end, 10);
+    if (end == s) {
+      s++;
+      continue;
+    }
+    if (pid > 0) {
+      kill((pid_t)pid, SIGKILL);
+      any = 1;
+    }
+    s = end;
+  }
+  return any;
+}
+
+/* ---- probe -------------------------------------------------------------- */
+
+static int kernel_at_least(int major, int minor)
+{
+  struct utsname u;
+  int ma = 0, mi = 0;
+  if (uname(&u) != 0 || sscanf(u.release, "%d.%d", &ma, &mi) != 2)
+    return 0;
+  return ma > major || (ma == major && mi >= minor);
+}
+
+static int has_word(const char *list, const char *w)
+{
+  size_t n = strlen(w);
+  for (const char *s = list; (s = strstr(s, w)) != NULL; s += n)
+    if ((s == list || s[-1] == ' ') && (s[n] == ' ' || s[n] == '\n' || s[n] == '\0'))
+      return 1;
+  return 0;
+}
+
+static int v1_usable(const char *ctrl)
+{
+  /* Usable = we may create groups (root, controller mounted rw). */
+  char path[128];
+  snprintf(path, sizeof(path), CG_ROOT "/%s/cgroup.procs", ctrl);
+  if (access(path, W_OK) != 0)
+    return 0;
+  snprintf(path, sizeof(path), CG_ROOT "/%s", ctrl);
+  return access(path, W_OK) == 0;
+}
+
+void osr__lcg_probe(osr__lcg_t *cg)
+{
+  memset(cg, 0, sizeof(*cg));
+  struct statfs sf;
+  if (statfs(CG_ROOT, &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC) {
+    /* Unified: the controllers the root offers, if we may manage it. */
+    char ctl[512];
+    if (access(CG_ROOT "/cgroup.subtree_control", W_OK) != 0 || access(CG_ROOT, W_OK) != 0 ||
+        osr__local_read_small(CG_ROOT "/cgroup.controllers", ctl, sizeof(ctl)) < 0)
+      return;
+    cg->mem = has_word(ctl, "memory");
+    cg->pids = has_word(ctl, "pids");
+    cg->cpu = has_word(ctl, "cpu");
+    /* cgroup.freeze is core (no controller) since 5.2; only non-root
+     * groups have the file, so the kernel version is what tells. */
+    cg->freezer = kernel_at_least(5, 2);
+    cg->mode = OSR__LCG_V2;
+    return;
+  }
+  cg->mem = v1_usable("memory");
+  cg->pids = v1_usable("pids");
+  cg->cpu = v1_usable("cpu");
+  cg->freezer = v1_usable("freezer");
+  cg->mode = cg->mem || cg->pids || cg->cpu || cg->freezer ? OSR__LCG_V1 : OSR__LCG_NONE;
+}
+
+const char *osr__lcg_describe(const osr__lcg_t *cg, char *buf, size_t len)
+{
+  int v2 = cg->mode == OSR__LCG_V2;
+  snprintf(buf, len, "%s: memory %s, processes %s, cpu %s, pause %s",
+           v2 ? "cgroup v2" : cg->mode == OSR__LCG_V1 ? "cgroup v1" : "no usable cgroup",
+           cg->mem ? (v2 ? "memory.max" : "memory.limit_in_bytes") : "rlimit (prlimit --as)",
+           cg->pids ? "pids.max" : "rlimit (prlimit --nproc, per uid)",
+           cg->cpu ? (v2 ? "cpu.max" : "cpu.cfs_quota_us") : "not limited",
+           cg->freezer ? (v2 ? "cgroup.freeze" : "freezer.state") : "unavailable");
+  return buf;
+}
+
+/* ---- create ------------------------------------------------------------- */
+
+/* The v2 parent: /sys/fs/cgroup/osr with our controllers enabled for its
+ * children. Enabling needs them enabled in the root's subtree_control too
+ * (a no-op where systemd already did). The parent never gets a process:
+ * the kernel refuses controllers in the subtree_control of a group that has
+ * processes ("no internal processes"), and ours stay in osr/<id>. */
+static int v2_parent(const osr__lcg_t *cg)
+{
+  char path[CG_PATH], on[64];
+  snprintf(on, sizeof(on), "%s%s%s", cg->mem ? " +memory" : "", cg->pids ? " +pids" : "",
+           cg->cpu ? " +cpu" : "");
+  path_of(path, sizeof(path), NULL, "", NULL);
+  if (mkdir(path, 0755) != 0 && errno != EEXIST)
+    return -errno;
+  if (on[0] == '\0')
+    return 0;
+  int rv = cg_write(CG_ROOT "/cgroup.subtree_control", on + 1);
+  if (rv != 0 && rv != OSR_EBUSY)
+    return rv;
+  path_of(path, sizeof(path), NULL, "", "cgroup.subtree_control");
+  return cg_write(path, on + 1);
+}
+
+static int v2_create(const osr__lcg_t *cg, const char *id, const osr__lcg_limits_t *lim)
+{
+  char path[CG_PATH], val[48];
+  int rv = v2_parent(cg);
+  if (rv != 0)
+    return rv;
+  path_of(path, sizeof(path), NULL, id, NULL);
+  if (mkdir(path, 0755) != 0 && errno != EEXIST)
+    return -errno;
+  if (cg->mem) {
+    path_of(path, sizeof(path), NULL, id, "memory.max");
+    if ((rv = cg_write_u64(path, lim->mem_bytes)) != 0)
+      return rv;
+    /* No swapping around the limit; the file is absent without swap
+     * accounting, and then there is nothing to forbid. */
+    path_of(path, sizeof(path), NULL, id, "memory.swap.max");
+    if ((rv = cg_write(path, "0")) != 0 && rv != OSR_ENOENT)
+      return rv;
+  }
+  if (cg->pids) {
+    path_of(path, sizeof(path), NULL, id, "pids.max");
+    if ((rv = cg_write_u64(path, lim->pids_max)) != 0)
+      return rv;
+  }
+  if (cg->cpu) {
+    snprintf(val, sizeof(val), "%u 100000", lim->vcpus * 100000u);
+    path_of(path, sizeof(path), NULL, id, "cpu.max");
+    if ((rv = cg_write(path, val)) != 0)
+      return rv;
+    if (lim->cpu_shares != 0 && lim->cpu_shares != 1024u &&
+        (rv = osr__lcg_set_shares(cg, id, lim->cpu_shares)) != 0)
+      return rv;
+  }
+  return 0;
+}
+
+static int v1_create(const osr__lcg_t *cg, const char *id, const osr__lcg_limits_t *lim, uid_t uid)
+{
+  char path[CG_PATH];
+  int rv;
+  for (int i = 0; i < 4; i++) {
+    if (!v1_on(cg, i))
+      continue;
+    path_of(path, sizeof(path), v1_ctrl[i], "", NULL); /* .../osr/ */
+    mkdir(path, 0755);
+    path_of(path, sizeof(path), v1_ctrl[i], id, NULL);
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      return -errno;
+    /* The wrapper joins as the sandbox uid (spawn_container). cgroup v1
+     * lets a writer of cgroup.procs move only tasks of its own uid, and
+     * every other file of the group (the limits, `tasks`) stays root's;
+     * inside the sandbox the cgroup file system is not even mounted. */
+    path_of(path, sizeof(path), v1_ctrl[i], id, "cgroup.procs");
+    if (chown(path, uid, uid) != 0)
+      return -errno;
+  }
+  if (cg->mem) {
+    path_of(path, sizeof(path), "memory", id, "memory.limit_in_bytes");
+    if ((rv = cg_write_u64(path, lim->mem_bytes)) != 0)
+      return rv;
+    /* Where swap accounting exists, forbid swapping around the limit. */
+    path_of(path, sizeof(path), "memory", id, "memory.memsw.limit_in_bytes");
+    cg_write_u64(path, lim->mem_bytes);
+  }
+  if (cg->pids) {
+    path_of(path, sizeof(path), "pids", id, "pids.max");
+    if ((rv = cg_write_u64(path, lim->pids_max)) != 0)
+      return rv;
+  }
+  if (cg->cpu) {
+    path_of(path, sizeof(path), "cpu", id, "cpu.cfs_period_us");
+    cg_write(path, "100000");
+    path_of(path, sizeof(path), "cpu", id, "cpu.cfs_quota_us");
+    if ((rv = cg_write_u64(path, (uint64_t)lim->vcpus * 100000u)) != 0)
+      return rv;
+    if (lim->cpu_shares != 0 && lim->cpu_shares != 1024u &&
+        (rv = osr__lcg_set_shares(cg, id, lim->cpu_shares)) != 0)
+      return rv;
+  }
+  return 0;
+}
+
+int osr__lcg_create(const osr__lcg_t *cg, const char *id, const osr__lcg_limits_t *lim, uid_t uid)
+{
+  switch (cg->mode) {
+  case OSR__LCG_V2:
+    return v2_create(cg, id, lim);
+  case OSR__LCG_V1:
+    return v1_create(cg, id, lim, uid);
+  default:
+    return 0;
+  }
+}
+
+int osr__lcg_parent(const osr__lcg_t *cg)
+{
+  return cg->mode == OSR__LCG_V2 ? v2_parent(cg) : 0;
+}
+
+size_t osr__lcg_procs_files(const osr__lcg_t *cg, const char *id, char *out, size_t len,
+                            size_t max)
+{
+  size_t n = 0;
+  if (cg->mode == OSR__LCG_V2 && max > 0) {
+    path_of(out, len, NULL, id, "cgroup.procs");
+    return 1;
+  }
+  for (int i = 0; cg->mode == OSR__LCG_V1 && i < 4 && n < max; i++)
+    if (v1_on(cg, i))
+      path_of(out + len * n++, len, v1_ctrl[i], id, "cgroup.procs");
+  return n;
+}
+
+/* ---- run time ----------------------------------------------------------- */
+
+int osr__lcg_freeze(const osr__lcg_t *cg, const char *id, int on)
+{
+  char path[CG_PATH];
+  if (!cg->freezer)
+    return OSR_ENOENT;
+  if (cg->mode == OSR__LCG_V2) {
+    path_of(path, sizeof(path), NULL, id, "cgroup.freeze");
+    int rv = cg_write(path, on ? "1" : "0");
+    if (rv == 0)
+      rv = v2_wait_event(id, "frozen", on ? 1 : 0);
+    if (rv == OSR_ETIMEDOUT && on)
+      cg_write(path, "0"); /* not paused after all: leave it running */
+    return rv;
+  }
+  path_of(path, sizeof(path), "freezer", id, "freezer.state");
+  const char *v = on ? "FROZEN" : "THAWED";
+  int rv = cg_write(path, v);
+  if (rv == 0) {
+    /* Freezing is asynchronous in cgroup v1: wait (bounded) until done. */
+    char st[32];
+    for (int i = 0; i < 200; i++) {
+      if (osr__local_read_small(path, st, sizeof(st)) > 0 && strncmp(st, v, strlen(v)) == 0)
+        break;
+      usleep(1000);
+    }
+  }
+  return rv;
+}
+
+int osr__lcg_set_shares(const osr__lcg_t *cg, const char *id, uint32_t shares)
+{
+  char path[CG_PATH];
+  if (!cg->cpu)
+    return 0;
+  if (cg->mode == OSR__LCG_V2) {
+    /* cpu.weight is 1..10000 with 100 the default, cpu.shares 2..262144
+     * with 1024: keep the ratio to the default. */
+    uint64_t w = (uint64_t)shares * 100u / 1024u;
+    path_of(path, sizeof(path), NULL, id, "cpu.weight");
+    return cg_write_u64(path, w < 1 ? 1 : w > 10000 ? 10000 : w);
+  }
+  path_of(path, sizeof(path), "cpu", id, "cpu.shares");
+  return cg_write_u64(path, shares);
+}
+
+long osr__lcg_oom_kills(const osr__lcg_t *cg, const char *id)
+{
+  char path[CG_PATH];
+  if (!cg->mem)
+    return -1;
+  if (cg->mode == OSR__LCG_V2)
+    path_of(path, sizeof(path), NULL, id, "memory.events");
+  else
+    path_of(path, sizeof(path), "memory", id, "memory.oom_control");
+  return keyed_value(path, "oom_kill");
+}
+
+/* ---- teardown ----------------------------------------------------------- */
+
+static void v2_remove(const char *id)
+{
+  char path[CG_PATH], freeze[CG_PATH];
+  path_of(path, sizeof(path), NULL, id, "cgroup.kill");
+  /* cgroup.kill (5.14) SIGKILLs the whole subtree at once, in the kernel,
+   * so a fork bomb cannot outrun it. */
+  if (cg_write(path, "1") != 0 || v2_wait_event(id, "populated", 0) == OSR_ETIMEDOUT) {
+    /* Older kernels: freeze so nothing forks while we kill. A frozen task
+     * still dies of SIGKILL in v2 (unlike v1, no thaw is needed first). */
+    path_of(freeze, sizeof(freeze), NULL, id, "cgroup.freeze");
+    cg_write(freeze, "1");
+    path_of(path, sizeof(path), NULL, id, "cgroup.procs");
+    for (int round = 0; round < 200 && kill_listed(path); round++)
+      usleep(5000); /* worker thread: waiting for the kernel to reap */
+    cg_write(freeze, "0");
+    v2_wait_event(id, "populated", 0);
+  }
+  path_of(path, sizeof(path), NULL, id, NULL);
+  rmdir(path);
+}
+
+/* Kill every task of a sandbox's cgroups, freezing first so a fork bomb
+ * cannot outrun the kill loop, then remove the groups. */
+static void v1_remove(const osr__lcg_t *cg, const char *id)
+{
+  char path[CG_PATH];
+  int frozen = 0;
+  if (cg->freezer) {
+    path_of(path, sizeof(path), "freezer", id, "freezer.state");
+    frozen = cg_write(path, "FROZEN") == 0;
+  }
+  for (int round = 0; round < 200; round++) {
+    int any = 0;
+    for (int i = 0; i < 4; i++) {
+      if (!v1_on(cg, i))
+        continue;
+      path_of(path, sizeof(path), v1_ctrl[i], id, "cgroup.procs");
+      any |= kill_listed(path);
+    }
+    if (frozen) {
+      /* SIGKILL is delivered to frozen tasks only once they thaw. */
+      path_of(path, sizeof(path), "freezer", id, "freezer.state");
+      cg_write(path, "THAWED");
+      frozen = 0;
+    }
+    if (!any)
+      break;
+    usleep(5000); /* worker thread: waiting for the kernel to reap */
+  }
+  for (int i = 0; i < 4; i++) {
+    path_of(path, sizeof(path), v1_ctrl[i], id, NULL);
+    rmdir(path);
+  }
+}
+
+void osr__lcg_remove(const osr__lcg_t *cg, const char *id)
+{
+  if (cg->mode == OSR__LCG_V2)
+    v2_remove(id);
+  else
+    v1_remove(cg, id);
+}

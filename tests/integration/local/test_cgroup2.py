@@ -1,0 +1,260 @@
+"""The local provider's cgroup v2 path, for real: a VM under qemu (TCG, no
+KVM needed) boots Debian's kernel with cgroup2 at /sys/fs/cgroup and this
+machine's file system read-only (vm_cgroup2.py), and runs the Guest tests
+below inside it, with this build's local_driver and osr-agent creating real
+bubblewrap sandboxes through the adapter. The build machine itself mounts
+cgroup v1, which test_local.py covers.
+
+  test_cgroup2.py VM      (host, from meson) boot the VM, run the guest
+                          tests, fail unless every one of them passed
+  test_cgroup2.py Guest   (inside the VM) the tests themselves
+
+Every check reads the kernel's own files from outside the sandbox (the
+limit values, memory.events, pids.current, cpu.stat, cgroup.events, which
+cgroup each process is in), so a broken v2 path fails here."""
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import test_local  # noqa: E402
+import vm_cgroup2  # noqa: E402
+
+CG = "/sys/fs/cgroup"
+GUEST_TESTS = ["test_limits_written_and_joined", "test_memory_hog_oom_killed_and_reported",
+               "test_fork_bomb_stopped_at_pids_max", "test_cpu_max_throttles",
+               "test_pause_freezes_for_real", "test_gvisor"]
+
+
+def cgfile(sid, name):
+    with open(os.path.join(CG, "osr", sid, name)) as f:
+        return f.read()
+
+
+def keyed(text, key):
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if k == key:
+            return int(v)
+    raise AssertionError("no %s in %r" % (key, text))
+
+
+class Guest(test_local.Base):
+    """Runs inside the VM (cgroup2 mounted at /sys/fs/cgroup)."""
+    CLASS = "container"
+
+    def setUp(self):
+        with open("/proc/mounts") as f:
+            if not any(l.split()[1:3] == [CG, "cgroup2"] for l in f):
+                self.fail("%s is not a cgroup2 mount: not in the VM?" % CG)
+        super().setUp()
+
+    def driver_logged(self, **cfg):
+        """A driver whose log (stderr) the test can read: returns (driver,
+        function returning the log so far)."""
+        log = tempfile.NamedTemporaryFile(prefix="osr-driver-", suffix=".log", delete=False)
+        d = test_local.Driver(self.state, stderr=log, **cfg)
+        self.drivers.append(d)
+
+        def text():
+            log.flush()
+            with open(log.name, errors="replace") as f:
+                return f.read()
+        return d, text
+
+    def destroy_gone(self, d, sb):
+        self.assertEqual(d.call("destroy", provider_id=sb.id, timeout=300)["status"], "ok")
+        self.assertFalse(os.path.exists(os.path.join(CG, "osr", sb.id)),
+                         "the sandbox's cgroup survived destroy")
+
+    def test_limits_written_and_joined(self):
+        d, log = self.driver_logged(pids_max=64)
+        sb = self.create(d, memory_mib=128, vcpus=1)
+        # What `osr doctor` and the startup log say enforces the limits.
+        self.assertIn("container limits by cgroup v2: memory memory.max, processes pids.max, "
+                      "cpu cpu.max, pause cgroup.freeze", log())
+        self.assertEqual(int(cgfile(sb.id, "memory.max")), 128 << 20)
+        self.assertEqual(cgfile(sb.id, "memory.swap.max").strip(), "0")
+        self.assertEqual(cgfile(sb.id, "pids.max").strip(), "64")
+        self.assertEqual(cgfile(sb.id, "cpu.max").split(), ["100000", "100000"])
+        # The parent enables the controllers and holds no process itself.
+        with open(os.path.join(CG, "osr", "cgroup.subtree_control")) as f:
+            self.assertTrue({"memory", "pids", "cpu"} <= set(f.read().split()))
+        with open(os.path.join(CG, "osr", "cgroup.procs")) as f:
+            self.assertEqual(f.read(), "")
+        # Every process of the sandbox, the agent included, is in its group,
+        # as the sandbox uid (the root step before setpriv is over).
+        pids = [int(p) for p in cgfile(sb.id, "cgroup.procs").split()]
+        comms = []
+        for p in pids:
+            with open("/proc/%d/cgroup" % p) as f:
+                self.assertEqual(f.read().strip(), "0::/osr/" + sb.id)
+            with open("/proc/%d/status" % p) as f:
+                st = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+            self.assertNotEqual(st["Uid"].split()[0], "0", "a sandbox process runs as root")
+            comms.append(st["Name"].strip())
+        self.assertIn("osr-agent", comms)
+        code, out, _ = sb.start("cat /proc/self/cgroup")
+        self.assertEqual((code, out), (0, b"0::/\n"))  # its own cgroup namespace
+        self.destroy_gone(d, sb)
+
+    def test_memory_hog_oom_killed_and_reported(self):
+        d, log = self.driver_logged()
+        sb = self.create(d, memory_mib=128)
+        code, _, err = sb.start("python3 -c 'b=[]\nwhile True: b.append(bytearray(16<<20))'",
+                                timeout=300)
+        self.assertEqual(code, 137, err)  # SIGKILL from the cgroup's OOM killer
+        self.assertGreaterEqual(keyed(cgfile(sb.id, "memory.events"), "oom_kill"), 1)
+        self.assertGreaterEqual(int(cgfile(sb.id, "memory.peak")), 120 << 20)
+        # The sandbox (and its agent) survive the OOM kill of the hog.
+        self.assertEqual(sb.start("echo alive")[1], b"alive\n")
+        self.assertEqual(d.call("get", provider_id=sb.id)["status"], "ok")
+        self.assertIn("%s (%s): the kernel OOM-killed" % (sb.id, sb.res["sandbox_id"]), log())
+        self.destroy_gone(d, sb)
+
+    def test_fork_bomb_stopped_at_pids_max(self):
+        d = self.driver(pids_max=64)
+        sb = self.create(d)
+        other = self.create(d)
+        sb.start("(f(){ f | f & }; f) >/dev/null 2>&1 & sleep 5; echo done", timeout=300)
+        self.assertLessEqual(int(cgfile(sb.id, "pids.current")), 64)
+        self.assertGreater(keyed(cgfile(sb.id, "pids.events"), "max"), 0)  # forks were refused
+        self.assertEqual(other.start("echo ok")[1], b"ok\n")
+        pids = [int(p) for p in cgfile(sb.id, "cgroup.procs").split()]
+        self.destroy_gone(d, sb)  # cgroup.kill
+        self.assertEqual(test_local.pids_of(pids), [])
+        self.destroy_gone(d, other)
+
+    def test_cpu_max_throttles(self):
+        d = self.driver()
+        sb = self.create(d, vcpus=1)
+        # Two busy loops (the VM has two CPUs) against a one-CPU quota.
+        sb.start("timeout 3 sh -c 'while :; do :; done' & timeout 3 sh -c 'while :; do :; done'; "
+                 "wait", timeout=300)
+        stat = cgfile(sb.id, "cpu.stat")
+        self.assertGreater(keyed(stat, "nr_throttled"), 0, stat)
+        self.assertGreater(keyed(stat, "throttled_usec"), 0, stat)
+        self.destroy_gone(d, sb)
+
+    def test_pause_freezes_for_real(self):
+        d = self.driver()
+        sb = self.create(d)
+        count = os.path.join(self.state, sb.id, "rw", "tmp", "count")
+
+        def counter():
+            try:
+                sb.start("i=0; while :; do i=$((i+1)); echo $i > /tmp/count; done", timeout=600)
+            except Exception:  # the sandbox is destroyed under it
+                pass
+        threading.Thread(target=counter, daemon=True).start()
+
+        def value():
+            try:
+                with open(count) as f:
+                    return int(f.read() or 0)
+            except (OSError, ValueError):
+                return 0
+
+        def changes():
+            v = value()
+            for _ in range(600):
+                time.sleep(0.1)
+                if value() != v:
+                    return True
+            return False
+        self.assertTrue(changes(), "the counter never ran")
+        self.assertEqual(d.call("pause", provider_id=sb.id)["status"], "ok")
+        self.assertEqual(cgfile(sb.id, "cgroup.freeze").strip(), "1")
+        self.assertEqual(keyed(cgfile(sb.id, "cgroup.events"), "frozen"), 1)
+        self.assertEqual(d.call("get", provider_id=sb.id)["resource"]["state"], "paused")
+        v = value()
+        time.sleep(1.0)  # frozen: no progress at all, however long we look
+        self.assertEqual(value(), v, "a paused sandbox kept running")
+        a = d.call("resume", provider_id=sb.id)
+        self.assertEqual((a["status"], a["resource"]["state"]), ("ok", "running"))
+        self.assertEqual(keyed(cgfile(sb.id, "cgroup.events"), "frozen"), 0)
+        self.assertTrue(changes(), "the counter did not resume")
+        self.destroy_gone(d, sb)
+
+    def test_gvisor(self):
+        why = test_local.runtime_problem("gvisor")
+        if why:
+            self.skipTest("gvisor class in the VM: %s" % why)
+        d = self.driver()
+        a = d.call("create", timeout=600, **{"class": "gvisor", "token": "tok-g",
+                                            "sandbox_id": "sbx-g", "memory_mib": 256})
+        self.assertEqual(a["status"], "ok", a)
+        sb = test_local.Sandbox(a["resource"], "tok-g")
+        self.made.append(sb.id)
+        # runsc made the group from config.json's cgroupsPath under our parent.
+        self.assertEqual(int(cgfile(sb.id, "memory.max")), 256 << 20)
+        self.assertEqual(sb.start("echo in-gvisor", timeout=300)[1], b"in-gvisor\n")
+        self.assertEqual(d.call("destroy", provider_id=sb.id, timeout=300)["status"], "ok")
+
+
+class VM(unittest.TestCase):
+    """Runs on the host: boot the VM, run Guest inside, check its results."""
+
+    def test_cgroup2_in_vm(self):
+        why = vm_cgroup2.problem()
+        if why:
+            self.skipTest(why)
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith(("OSR_", "ASAN_", "UBSAN_", "LSAN_", "MESON_"))}
+        script = "".join("export %s='%s'\n" % (k, v.replace("'", "'\\''")) for k, v in env.items())
+        script += "cd '%s' && exec '%s' '%s' Guest -v\n" % (
+            HERE, os.path.realpath(sys.executable), os.path.join(HERE, "test_cgroup2.py"))
+        t0 = time.time()
+        status, output, console, files = vm_cgroup2.run(script, timeout_s=1500)
+        sys.stderr.write("VM run: %.0f s\n--- guest output ---\n%s\n" % (time.time() - t0, output))
+        results = json.loads(files.get("results.json", b"{}") or b"{}")
+        if status is None:
+            sys.stderr.write("--- console ---\n%s\n" % console[-4000:])
+        self.assertIsNotNone(status, "the VM did not finish the guest tests")
+        for name in GUEST_TESTS:
+            self.assertIn(name, results, "guest test %s did not run" % name)
+        failed = {n: r for n, r in results.items() if r not in ("ok", "skipped")}
+        self.assertEqual(failed, {})
+        # Only gVisor may be skipped (runsc not installed or not runnable in
+        # the VM), and its reason is in the output above.
+        skipped = [n for n, r in results.items() if r == "skipped"]
+        self.assertLessEqual(set(skipped), {"test_gvisor"})
+        self.assertEqual(status, 0)
+
+
+class _Record(unittest.TextTestResult):
+    outcomes = {}
+
+    def addSuccess(self, test):
+        super().addSuccess(test)
+        self.outcomes[test._testMethodName] = "ok"
+
+    def addFailure(self, test, err):
+        super().addFailure(test, err)
+        self.outcomes[test._testMethodName] = "failed"
+
+    def addError(self, test, err):
+        super().addError(test, err)
+        self.outcomes[test._testMethodName] = "error"
+
+    def addSkip(self, test, reason):
+        super().addSkip(test, reason)
+        self.outcomes[test._testMethodName] = "skipped"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "Guest":
+        os.environ.setdefault("OSR_LOG_LEVEL", "info")
+        suite = unittest.defaultTestLoader.loadTestsFromTestCase(Guest)
+        r = unittest.TextTestRunner(verbosity=2, resultclass=_Record).run(suite)
+        out = os.environ.get("OSR_VM_OUT")
+        if out:
+            with open(os.path.join(out, "results.json"), "w") as f:
+                json.dump(_Record.outcomes, f)
+        sys.exit(0 if r.wasSuccessful() else 1)
+    unittest.main()
