@@ -225,7 +225,9 @@ const char *osr__lcg_describe(const osr__lcg_t *cg, char *buf, size_t len)
 {
   int v2 = cg->mode == OSR__LCG_V2;
   snprintf(buf, len, "%s: memory %s, processes %s, cpu %s, pause %s",
-           v2 ? "cgroup v2" : cg->mode == OSR__LCG_V1 ? "cgroup v1" : "no usable cgroup",
+           v2                        ? "cgroup v2"
+           : cg->mode == OSR__LCG_V1 ? "cgroup v1"
+                                     : "no usable cgroup",
            cg->mem ? (v2 ? "memory.max" : "memory.limit_in_bytes") : "rlimit (prlimit --as)",
            cg->pids ? "pids.max" : "rlimit (prlimit --nproc, per uid)",
            cg->cpu ? (v2 ? "cpu.max" : "cpu.cfs_quota_us") : "not limited",
@@ -356,8 +358,7 @@ int osr__lcg_parent(const osr__lcg_t *cg)
   return cg->mode == OSR__LCG_V2 ? v2_parent(cg) : 0;
 }
 
-size_t osr__lcg_procs_files(const osr__lcg_t *cg, const char *id, char *out, size_t len,
-                            size_t max)
+size_t osr__lcg_procs_files(const osr__lcg_t *cg, const char *id, char *out, size_t len, size_t max)
 {
   size_t n = 0;
   if (cg->mode == OSR__LCG_V2 && max > 0) {

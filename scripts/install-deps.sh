@@ -14,7 +14,8 @@ build_pkgs=(
 )
 # Independent protocol peers the tests drive against our servers and clients.
 test_pkgs=(curl nghttp2-client openssl nodejs npm python3 iproute2 procps redis-server postgresql util-linux
-  bubblewrap runsc crun tar)
+  bubblewrap runsc crun tar
+  qemu-system-x86 busybox-static) # the cgroup v2 VM test (tests/integration/local/vm_cgroup2.py)
 bench_pkgs=(nginx-light libnginx-mod-http-echo wrk haproxy hyperfine)
 
 want=("${build_pkgs[@]}" "${test_pkgs[@]}")

@@ -194,6 +194,11 @@ class Guest(test_local.Base):
         # runsc made the group from config.json's cgroupsPath under our parent.
         self.assertEqual(int(cgfile(sb.id, "memory.max")), 256 << 20)
         self.assertEqual(sb.start("echo in-gvisor", timeout=300)[1], b"in-gvisor\n")
+        # The sentry sizes its memory from that same cgroup limit (no
+        # --total-memory flag): the sandbox sees 256 MiB, not the VM's 1 GiB.
+        code, out, _ = sb.start("grep MemTotal /proc/meminfo", timeout=300)
+        kib = int(out.split()[1])
+        self.assertTrue(200 << 10 < kib <= 256 << 10, out)
         self.assertEqual(d.call("destroy", provider_id=sb.id, timeout=300)["status"], "ok")
 
 

@@ -182,13 +182,18 @@ $B poweroff -f
 """
 
 
+def slurp(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def build_initramfs(moddir, path):
-    entries = [("bin", 0o40755, None), ("bin/busybox", 0o100755, open(BUSYBOX, "rb").read()),
+    entries = [("bin", 0o40755, None), ("bin/busybox", 0o100755, slurp(BUSYBOX)),
                ("lib", 0o40755, None), ("lib/mod", 0o40755, None)]
     order = []
     for i, m in enumerate(module_order(moddir, MODULES)):
         name = "lib/mod/%02d-%s" % (i, os.path.basename(m))
-        entries.append((name, 0o100644, open(m, "rb").read()))
+        entries.append((name, 0o100644, slurp(m)))
         order.append("/" + name)
     entries += [("modules.order", 0o100644, ("\n".join(order) + "\n").encode()),
                 ("init", 0o100755, INIT.encode()), ("stage2", 0o100644, STAGE2.encode())]
