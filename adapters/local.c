@@ -2518,6 +2518,17 @@ static int probe_run(char *const argv[], int timeout_ms)
   }
 }
 
+/* Success: what enforces the container class's limits here, for
+ * `osr doctor` (its "provider" line shows `why` either way). */
+static int available_ok(char *why, size_t whylen)
+{
+  osr__lcg_t cg;
+  char limits[200];
+  osr__lcg_probe(&cg);
+  fmt(why, whylen, "container limits by %s", osr__lcg_describe(&cg, limits, sizeof(limits)));
+  return 1;
+}
+
 static int local_available(char *why, size_t whylen)
 {
   if (geteuid() != 0) {
@@ -2548,7 +2559,7 @@ static int local_available(char *why, size_t whylen)
                  "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib", "/lib",
                  "--proc", "/proc", "--dev", "/dev", "/usr/bin/true", NULL};
     if (probe_run(a, 5000))
-      return 1;
+      return available_ok(why, whylen);
     fmt(bwhy, sizeof(bwhy), "bwrap cannot create namespaces as an unprivileged uid");
   }
   char *rs = "/usr/bin/runsc";
@@ -2558,7 +2569,7 @@ static int local_available(char *why, size_t whylen)
   }
   char *a[] = {rs, "--platform=ptrace", "--network=none", "do", "/usr/bin/true", NULL};
   if (probe_run(a, 20000))
-    return 1;
+    return available_ok(why, whylen);
   fmt(why, whylen, "%s; runsc --platform=ptrace do fails", bwhy);
   return 0;
 }

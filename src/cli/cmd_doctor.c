@@ -282,9 +282,15 @@ static void check_providers(report_t *r, const json_t *providers)
     const char *type = json_string_value(json_object_get(p, "type"));
     char label[80], detail[512], fix[1024];
     snprintf(label, sizeof(label), "provider %s", name ? name : "?");
-    if (type != NULL && osr_adapter_find(type) != NULL) {
-      snprintf(detail, sizeof(detail), "adapter type '%s' is built in", type);
-      check(r, "OK", label, detail, NULL);
+    const osr_adapter_t *ad = type != NULL ? osr_adapter_find(type) : NULL;
+    if (ad != NULL) {
+      /* available(): can it run here, and with what (local: which cgroup
+       * interface enforces the limits). Bounded, blocking: fine here. */
+      char why[256] = "";
+      int ok = ad->available == NULL || ad->available(why, sizeof(why));
+      snprintf(detail, sizeof(detail), "adapter type '%s' is built in%s%s%s", type,
+               why[0] != '\0' ? "; " : "", ok ? "" : "cannot run here: ", why);
+      check(r, ok ? "OK" : "WARN", label, detail, ok ? NULL : "install what is missing above");
       continue;
     }
     const char *names[32];

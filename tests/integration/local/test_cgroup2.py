@@ -14,6 +14,8 @@ limit values, memory.events, pids.current, cpu.stat, cgroup.events, which
 cgroup each process is in), so a broken v2 path fails here."""
 import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -26,9 +28,9 @@ import test_local  # noqa: E402
 import vm_cgroup2  # noqa: E402
 
 CG = "/sys/fs/cgroup"
-GUEST_TESTS = ["test_limits_written_and_joined", "test_memory_hog_oom_killed_and_reported",
-               "test_fork_bomb_stopped_at_pids_max", "test_cpu_max_throttles",
-               "test_pause_freezes_for_real", "test_gvisor"]
+GUEST_TESTS = ["test_1_limits_written_and_joined", "test_2_memory_hog_oom_killed_and_reported",
+               "test_3_fork_bomb_stopped_at_pids_max", "test_4_cpu_max_throttles",
+               "test_5_pause_freezes_for_real", "test_6_gvisor"]
 
 
 def cgfile(sid, name):
@@ -72,12 +74,18 @@ class Guest(test_local.Base):
         self.assertFalse(os.path.exists(os.path.join(CG, "osr", sb.id)),
                          "the sandbox's cgroup survived destroy")
 
-    def test_limits_written_and_joined(self):
+    def test_1_limits_written_and_joined(self):
         d, log = self.driver_logged(pids_max=64)
         sb = self.create(d, memory_mib=128, vcpus=1)
-        # What `osr doctor` and the startup log say enforces the limits.
-        self.assertIn("container limits by cgroup v2: memory memory.max, processes pids.max, "
-                      "cpu cpu.max, pause cgroup.freeze", log())
+        # What the startup log and `osr doctor` say enforces the limits.
+        want = ("container limits by cgroup v2: memory memory.max, processes pids.max, "
+                "cpu cpu.max, pause cgroup.freeze")
+        self.assertIn(want, log())
+        cli = os.environ.get("OSR_CLI")
+        if cli:
+            r = subprocess.run([cli, "doctor", "--data-dir", tempfile.mkdtemp()],
+                               capture_output=True, text=True, timeout=300)
+            self.assertRegex(r.stdout, r"(?m)^OK\s+provider local .*" + re.escape(want))
         self.assertEqual(int(cgfile(sb.id, "memory.max")), 128 << 20)
         self.assertEqual(cgfile(sb.id, "memory.swap.max").strip(), "0")
         self.assertEqual(cgfile(sb.id, "pids.max").strip(), "64")
@@ -103,7 +111,7 @@ class Guest(test_local.Base):
         self.assertEqual((code, out), (0, b"0::/\n"))  # its own cgroup namespace
         self.destroy_gone(d, sb)
 
-    def test_memory_hog_oom_killed_and_reported(self):
+    def test_2_memory_hog_oom_killed_and_reported(self):
         d, log = self.driver_logged()
         sb = self.create(d, memory_mib=128)
         code, _, err = sb.start("python3 -c 'b=[]\nwhile True: b.append(bytearray(16<<20))'",
@@ -117,7 +125,7 @@ class Guest(test_local.Base):
         self.assertIn("%s (%s): the kernel OOM-killed" % (sb.id, sb.res["sandbox_id"]), log())
         self.destroy_gone(d, sb)
 
-    def test_fork_bomb_stopped_at_pids_max(self):
+    def test_3_fork_bomb_stopped_at_pids_max(self):
         d = self.driver(pids_max=64)
         sb = self.create(d)
         other = self.create(d)
@@ -130,7 +138,7 @@ class Guest(test_local.Base):
         self.assertEqual(test_local.pids_of(pids), [])
         self.destroy_gone(d, other)
 
-    def test_cpu_max_throttles(self):
+    def test_4_cpu_max_throttles(self):
         d = self.driver()
         sb = self.create(d, vcpus=1)
         # Two busy loops (the VM has two CPUs) against a one-CPU quota.
@@ -141,7 +149,7 @@ class Guest(test_local.Base):
         self.assertGreater(keyed(stat, "throttled_usec"), 0, stat)
         self.destroy_gone(d, sb)
 
-    def test_pause_freezes_for_real(self):
+    def test_5_pause_freezes_for_real(self):
         d = self.driver()
         sb = self.create(d)
         count = os.path.join(self.state, sb.id, "rw", "tmp", "count")
@@ -181,7 +189,7 @@ class Guest(test_local.Base):
         self.assertTrue(changes(), "the counter did not resume")
         self.destroy_gone(d, sb)
 
-    def test_gvisor(self):
+    def test_6_gvisor(self):
         why = test_local.runtime_problem("gvisor")
         if why:
             self.skipTest("gvisor class in the VM: %s" % why)
@@ -215,20 +223,20 @@ class VM(unittest.TestCase):
         script += "cd '%s' && exec '%s' '%s' Guest -v\n" % (
             HERE, os.path.realpath(sys.executable), os.path.join(HERE, "test_cgroup2.py"))
         t0 = time.time()
-        status, output, console, files = vm_cgroup2.run(script, timeout_s=1500)
+        status, output, console, files = vm_cgroup2.run(script, timeout_s=900)
         sys.stderr.write("VM run: %.0f s\n--- guest output ---\n%s\n" % (time.time() - t0, output))
         results = json.loads(files.get("results.json", b"{}") or b"{}")
         if status is None:
             sys.stderr.write("--- console ---\n%s\n" % console[-4000:])
         self.assertIsNotNone(status, "the VM did not finish the guest tests")
-        for name in GUEST_TESTS:
-            self.assertIn(name, results, "guest test %s did not run" % name)
         failed = {n: r for n, r in results.items() if r not in ("ok", "skipped")}
         self.assertEqual(failed, {})
+        for name in GUEST_TESTS:
+            self.assertIn(name, results, "guest test %s did not run" % name)
         # Only gVisor may be skipped (runsc not installed or not runnable in
         # the VM), and its reason is in the output above.
         skipped = [n for n, r in results.items() if r == "skipped"]
-        self.assertLessEqual(set(skipped), {"test_gvisor"})
+        self.assertLessEqual(set(skipped), {"test_6_gvisor"})
         self.assertEqual(status, 0)
 
 
@@ -256,7 +264,10 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "Guest":
         os.environ.setdefault("OSR_LOG_LEVEL", "info")
         suite = unittest.defaultTestLoader.loadTestsFromTestCase(Guest)
-        r = unittest.TextTestRunner(verbosity=2, resultclass=_Record).run(suite)
+        # Fail fast: the tests run in their numbered order, the limits first,
+        # and a fork bomb or a memory hog without working limits would take
+        # the whole VM down until qemu's timeout.
+        r = unittest.TextTestRunner(verbosity=2, resultclass=_Record, failfast=True).run(suite)
         out = os.environ.get("OSR_VM_OUT")
         if out:
             with open(os.path.join(out, "results.json"), "w") as f:
