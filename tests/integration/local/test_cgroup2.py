@@ -30,7 +30,7 @@ import vm_cgroup2  # noqa: E402
 CG = "/sys/fs/cgroup"
 GUEST_TESTS = ["test_1_limits_written_and_joined", "test_2_memory_hog_oom_killed_and_reported",
                "test_3_fork_bomb_stopped_at_pids_max", "test_4_cpu_max_throttles",
-               "test_5_pause_freezes_for_real", "test_6_gvisor"]
+               "test_5_pause_freezes_for_real", "test_6_warm_pool_cpu_weight", "test_7_gvisor"]
 
 
 def cgfile(sid, name):
@@ -189,7 +189,22 @@ class Guest(test_local.Base):
         self.assertTrue(changes(), "the counter did not resume")
         self.destroy_gone(d, sb)
 
-    def test_6_gvisor(self):
+    def test_6_warm_pool_cpu_weight(self):
+        d = self.driver(warm_pool={"container": 1})
+        warm = test_local.WarmPool.wait_warm(self, "container")
+        # cpu.shares 128 of 1024 in v1 terms: cpu.weight 12 of the default 100.
+        self.assertEqual(cgfile(warm, "cpu.weight").strip(), "12")
+        a = d.call("create", **{"class": "container", "sandbox_id": "w1", "token": "tok-w"})
+        self.assertEqual((a["status"], a["resource"]["provider_id"]), ("ok", warm), a)
+        self.made.append(warm)
+        self.assertEqual(cgfile(warm, "cpu.weight").strip(), "100")  # handed out: full weight
+        again = test_local.WarmPool.wait_warm(self, "container", exclude=(warm,))
+        self.assertEqual(cgfile(again, "cpu.weight").strip(), "12")
+        self.destroy_gone(d, test_local.Sandbox(a["resource"], "tok-w"))
+        d.close()  # destroys the refill
+        self.assertFalse(os.path.exists(os.path.join(CG, "osr", again)))
+
+    def test_7_gvisor(self):
         why = test_local.runtime_problem("gvisor")
         if why:
             self.skipTest("gvisor class in the VM: %s" % why)
@@ -236,7 +251,7 @@ class VM(unittest.TestCase):
         # Only gVisor may be skipped (runsc not installed or not runnable in
         # the VM), and its reason is in the output above.
         skipped = [n for n, r in results.items() if r == "skipped"]
-        self.assertLessEqual(set(skipped), {"test_6_gvisor"})
+        self.assertLessEqual(set(skipped), {"test_7_gvisor"})
         self.assertEqual(status, 0)
 
 

@@ -78,6 +78,10 @@ def fetch_kernel():
                 shutil.rmtree(tmp, ignore_errors=True)
                 subprocess.run(["dpkg-deb", "-x", deb, tmp], check=True, timeout=900)
                 os.rename(tmp, root)
+                # Keep only the current kernel (each is ~400 MB unpacked).
+                for old in glob.glob(os.path.join(CACHE, "linux-image-*")):
+                    if old != root:
+                        shutil.rmtree(old, ignore_errors=True)
             finally:
                 shutil.rmtree(dl, ignore_errors=True)
         vmlinuz = glob.glob(os.path.join(root, "boot", "vmlinuz-*"))[0]
