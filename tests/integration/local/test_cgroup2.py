@@ -216,13 +216,19 @@ class Guest(test_local.Base):
         self.made.append(sb.id)
         # runsc made the group from config.json's cgroupsPath under our parent.
         self.assertEqual(int(cgfile(sb.id, "memory.max")), 256 << 20)
+        self.assertEqual(cgfile(sb.id, "pids.max").strip(), "512")  # the provider's default
+        self.assertEqual(cgfile(sb.id, "cpu.max").split(), ["100000", "100000"])
+        self.assertGreater(len(cgfile(sb.id, "cgroup.procs").split()), 0)
         self.assertEqual(sb.start("echo in-gvisor", timeout=300)[1], b"in-gvisor\n")
         # The sentry sizes its memory from that same cgroup limit (no
         # --total-memory flag): the sandbox sees 256 MiB, not the VM's 1 GiB.
         code, out, _ = sb.start("grep MemTotal /proc/meminfo", timeout=300)
         kib = int(out.split()[1])
         self.assertTrue(200 << 10 < kib <= 256 << 10, out)
-        self.assertEqual(d.call("destroy", provider_id=sb.id, timeout=300)["status"], "ok")
+        self.assertEqual(d.call("pause", provider_id=sb.id, timeout=300)["status"], "ok")
+        self.assertEqual(d.call("resume", provider_id=sb.id, timeout=300)["status"], "ok")
+        self.assertEqual(sb.start("echo back", timeout=300)[1], b"back\n")
+        self.destroy_gone(d, sb)
 
 
 class VM(unittest.TestCase):
