@@ -29,11 +29,13 @@
  * holds. Each write is flushed as it comes (no coalescing), which is what
  * streamed responses need.
  *
- * Lifetime. The connection owns a uv_timer (header timeout, lingering close,
- * deferred empty writes) besides the socket. It is freed in the timer's close
- * callback, which is only started from the socket's on_close (or after the
- * socket was handed to HTTP/2 or an Upgrade callback), so both handles are
- * gone before the memory is (STYLE 20). Requests end in exactly one of two
+ * Lifetime. The connection owns a timer on the loop's shared timer heap
+ * (net/loopctx.h: header timeout, lingering close, deferred empty writes)
+ * besides the socket, and no libuv handle. Once the socket is gone (its
+ * on_close) or handed to HTTP/2 or an Upgrade callback, the same timer is
+ * armed one last time, for 0 ms, and the connection is freed from that
+ * top-level callback, never from inside a frame that may still use it
+ * (STYLE 19). Requests end in exactly one of two
  * places: exchange_done() when the exchange completed, or on_sock_close()
  * for every kind of failure, so on_done fires exactly once.
  */
@@ -71,7 +73,7 @@ static const char H2_PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 typedef struct h1conn_s h1conn_t;
 
-enum { TIMER_NONE, TIMER_HEADER, TIMER_HEADER_DONE, TIMER_LINGER, TIMER_DEFER };
+enum { TIMER_NONE, TIMER_HEADER, TIMER_HEADER_DONE, TIMER_LINGER, TIMER_DEFER, TIMER_FREE };
 
 typedef struct h1req_s {
   osr_http_req_t pub; /* first: the API hands out &pub */
@@ -118,7 +120,8 @@ struct h1conn_s {
   const osr_http_server_opts_t *opts;
   osr_sock_t *sock;     /* NULL once closed or handed over */
   osr_h1p_t p;
-  uv_timer_t timer;
+  osr_loopctx_t *ctx;   /* a reference, for the timer */
+  osr_timer_t timer;
   int timer_mode;
   h1req_t *req;         /* the current exchange, or NULL */
   uint64_t hdr_deadline; /* loop time by which the current head must be complete */
@@ -156,7 +159,7 @@ static void conn_close(h1conn_t *c, int status)
   c->closing = 1;
   if (c->close_status == 0)
     c->close_status = status;
-  uv_timer_stop(&c->timer);
+  osr_timer_stop(&c->timer);
   c->timer_mode = TIMER_NONE;
   osr_sock_close(c->sock);
 }
@@ -262,7 +265,7 @@ static void conn_fail(h1conn_t *c, int status, int err)
     return;
   }
   OSR_LOG_DEBUG(MOD, "%s: %d (%s)", c->peer, status, osr_strerror(err));
-  uv_timer_stop(&c->timer);
+  osr_timer_stop(&c->timer);
   c->timer_mode = TIMER_NONE;
   osr_sock_read_stop(c->sock);
   if (c->errbuf == NULL)
@@ -283,9 +286,11 @@ static void conn_fail(h1conn_t *c, int status, int err)
 
 /* ---- timers ----------------------------------------------------------------- */
 
-static void on_timer(uv_timer_t *t)
+static void conn_free(h1conn_t *c);
+
+static void on_timer(osr_timer_t *t)
 {
-  h1conn_t *c = t->data;
+  h1conn_t *c = osr_container_of(t, h1conn_t, timer);
   int mode = c->timer_mode;
   c->timer_mode = TIMER_NONE;
 
@@ -293,7 +298,7 @@ static void on_timer(uv_timer_t *t)
   case TIMER_HEADER: {
     /* The timer is left running between requests (see on_msg_begin), so it
      * may fire for an earlier head: re-arm for what is left of this one. */
-    uint64_t now = uv_now(t->loop);
+    uint64_t now = osr_loopctx_now(c->ctx);
     if (now < c->hdr_deadline) {
       timer_set(c, TIMER_HEADER, c->hdr_deadline - now);
       break;
@@ -323,6 +328,9 @@ static void on_timer(uv_timer_t *t)
       exchange_done(c);
     break;
   }
+  case TIMER_FREE:
+    conn_free(c);
+    break;
   default:
     break;
   }
@@ -330,24 +338,27 @@ static void on_timer(uv_timer_t *t)
 
 static void timer_set(h1conn_t *c, int mode, uint64_t ms)
 {
+  if (c->timer_mode == TIMER_FREE)
+    return; /* released: the timer now only frees the connection */
   c->timer_mode = mode;
-  uv_timer_start(&c->timer, on_timer, ms, 0);
+  osr_timer_start(&c->timer, on_timer, ms);
 }
 
-static void on_timer_closed(uv_handle_t *h)
+static void conn_free(h1conn_t *c)
 {
-  h1conn_t *c = h->data;
   osr__h1p_dispose(&c->p);
   osr_free(c->errbuf);
+  osr_loopctx_release(c->ctx);
   osr_free(c);
 }
 
-/* The socket is gone or handed over: free the connection once its timer
- * handle is closed. */
+/* The socket is gone or handed over: free the connection from the next
+ * timer pass, outside the callers' frames. */
 static void conn_release(h1conn_t *c)
 {
   c->sock = NULL;
-  uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+  c->timer_mode = TIMER_FREE;
+  osr_timer_start(&c->timer, on_timer, 0);
 }
 
 /* ---- socket events ------------------------------------------------------- */
@@ -452,9 +463,9 @@ static int on_msg_begin(osr_h1p_t *p)
    * later than this deadline and re-arms for the rest, which saves a timer
    * heap removal and insertion per request on keep-alive connections. */
   uint64_t ms = c->opts->limits.header_timeout_ms;
-  c->hdr_deadline = uv_now(c->timer.loop) + ms;
+  c->hdr_deadline = osr_loopctx_now(c->ctx) + ms;
   if ((c->timer_mode == TIMER_HEADER || c->timer_mode == TIMER_HEADER_DONE) &&
-      uv_is_active((uv_handle_t *)&c->timer)) {
+      osr_timer_is_active(&c->timer)) {
     c->timer_mode = TIMER_HEADER;
     return 0;
   }
@@ -613,13 +624,14 @@ static const osr_h1p_events_t parser_events = {
 static void handoff_h2(h1conn_t *c)
 {
   osr_sock_t *s = c->sock;
+  osr_http_server_t *srv = c->srv;
   OSR_LOG_DEBUG(MOD, "%s: h2c prior knowledge", c->peer);
-  uv_timer_stop(&c->timer);
+  osr_timer_stop(&c->timer);
   osr_sock_set_idle_timeout(s, 0);
   osr_sock_set_events(s, NULL, NULL);
   conn_release(c);
   /* The preface stays in s->input for the HTTP/2 session to parse. */
-  osr__http2_server_start(c->srv, s);
+  osr__http2_server_start(srv, s);
 }
 
 static void process_input(h1conn_t *c)
@@ -690,7 +702,7 @@ static void exchange_done(h1conn_t *c)
     void *arg = r->uarg;
     c->req = NULL;
     osr_sock_read_stop(s);
-    uv_timer_stop(&c->timer);
+    osr_timer_stop(&c->timer);
     osr_sock_set_idle_timeout(s, 0);
     osr_sock_set_events(s, NULL, NULL);
     conn_release(c);
@@ -1085,8 +1097,8 @@ void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s)
   if (osr_sock_peername(s, c->peer, sizeof(c->peer)) != 0)
     snprintf(c->peer, sizeof(c->peer), "unknown");
   osr__h1p_init(&c->p, 1, &c->opts->limits, c->opts->limits.max_body, &parser_events, c);
-  uv_timer_init(s->loop, &c->timer);
-  c->timer.data = c;
+  c->ctx = osr_loopctx_acquire(s->loop);
+  osr_timer_init(&c->timer, c->ctx);
 
   osr_sock_set_events(s, &sock_events, c);
   osr_sock_set_nodelay(s, 1);

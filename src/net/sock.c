@@ -2,11 +2,13 @@
  * The byte-stream socket. See sock.h for the contract; this file explains the
  * mechanics.
  *
- * Three libuv handles live in the struct: the stream, the idle timer and an
- * idle "kick" handle used to deliver bytes that are already buffered (after
- * osr_sock_read_start() or when TLS holds decrypted records) on the next
- * loop iteration instead of re-entering the owner from its own call. The
- * struct is freed in the close callback of the last of the three (STYLE 20).
+ * One libuv handle lives in the struct, the stream; the struct is freed in
+ * its close callback (STYLE 20). The idle timer and the "kick" used to
+ * deliver bytes that are already buffered (after osr_sock_read_start() or
+ * when TLS holds decrypted records) on the next loop iteration, instead of
+ * re-entering the owner from its own call, are nodes on the loop's shared
+ * timer heap and pending list (net/loopctx.h); both are disarmed when the
+ * close starts, so neither can fire for a socket being freed.
  *
  * Owner callbacks run under `_in_cb`; osr_sock_close() called from inside one
  * only marks the socket, and the real close happens when the outermost
@@ -32,7 +34,7 @@ typedef struct shutdown_req_s {
 } shutdown_req_t;
 
 static void sock_update_reading(osr_sock_t *s);
-static void on_kick(uv_idle_t *idle);
+static void on_kick(osr_pending_t *n);
 static void wdone_run(osr_sock_t *s);
 static void do_close(osr_sock_t *s);
 
@@ -56,11 +58,9 @@ int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
     return rv;
   }
   s->_h.handle.data = s;
-  uv_timer_init(loop, &s->_timer);
-  s->_timer.data = s;
-  uv_idle_init(loop, &s->_kick);
-  s->_kick.data = s;
-  s->_open_handles = 3;
+  s->_ctx = osr_loopctx_acquire(loop);
+  osr_timer_init(&s->_timer, s->_ctx);
+  osr_pending_init(&s->_kick);
   *out = s;
   return 0;
 }
@@ -80,7 +80,7 @@ static void cb_enter(osr_sock_t *s)
 
 static void cb_leave(osr_sock_t *s)
 {
-  if (--s->_in_cb == 0 && s->_close_pending)
+  if (--s->_in_cb == 0 && (s->_flags & OSR_SOCK_F_CLOSE_PENDING))
     do_close(s);
 }
 
@@ -99,9 +99,9 @@ void osr__sock_deliver(osr_sock_t *s, int status)
 
 /* ---- idle timer -------------------------------------------------------- */
 
-static void on_idle_timer(uv_timer_t *t)
+static void on_idle_timer(osr_timer_t *t)
 {
-  osr_sock_t *s = t->data;
+  osr_sock_t *s = osr_container_of(t, osr_sock_t, _timer);
   if (s->_flags & OSR_SOCK_F_CLOSING)
     return;
   OSR_LOG_DEBUG("sock", "%p idle timeout", (void *)s);
@@ -112,9 +112,9 @@ static void on_idle_timer(uv_timer_t *t)
   if (s->_idle_timeout_ms == 0)
     return;
   /* touch() only records the time (see there): the timer may be early. */
-  uint64_t idle = uv_now(t->loop) - s->_last_active;
+  uint64_t idle = uv_now(s->loop) - s->_last_active;
   if (idle < s->_idle_timeout_ms) {
-    uv_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms - idle, 0);
+    osr_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms - idle);
     return;
   }
   if (s->ev != NULL && s->ev->on_timeout != NULL) {
@@ -129,18 +129,18 @@ static void on_idle_timer(uv_timer_t *t)
 /* Arm the idle timer to fire no later than one idle timeout from now.
  * Activity (every read and write completion) only records the loop time:
  * a timer that is already running is due no later than that, and when it
- * fires early on_idle_timer re-arms it for the rest (restarting a libuv
- * timer is a heap removal and insertion). A changed timeout restarts it
+ * fires early on_idle_timer re-arms it for the rest (restarting a timer
+ * is a heap removal and insertion). A changed timeout restarts it
  * only if it would otherwise fire too late. While a TLS handshake runs,
  * the timer carries the handshake deadline instead. */
 static void idle_arm(osr_sock_t *s, int timeout_changed)
 {
   if (s->_idle_timeout_ms == 0 || (s->_flags & OSR_SOCK_F_CLOSING))
     return;
-  s->_last_active = uv_now(s->_timer.loop);
-  if (!uv_is_active((uv_handle_t *)&s->_timer) ||
-      (timeout_changed && uv_timer_get_due_in(&s->_timer) > s->_idle_timeout_ms))
-    uv_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms, 0);
+  s->_last_active = uv_now(s->loop);
+  if (!osr_timer_is_active(&s->_timer) ||
+      (timeout_changed && osr_timer_due_in(&s->_timer) > s->_idle_timeout_ms))
+    osr_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms);
 }
 
 static void touch(osr_sock_t *s)
@@ -150,11 +150,11 @@ static void touch(osr_sock_t *s)
 
 void osr_sock_set_idle_timeout(osr_sock_t *s, uint64_t ms)
 {
-  s->_idle_timeout_ms = ms;
-  if ((s->_flags & OSR_SOCK_F_HANDSHAKING) && uv_is_active((uv_handle_t *)&s->_timer))
+  s->_idle_timeout_ms = ms < UINT32_MAX ? (uint32_t)ms : UINT32_MAX;
+  if ((s->_flags & OSR_SOCK_F_HANDSHAKING) && osr_timer_is_active(&s->_timer))
     return; /* the handshake deadline runs; idle time starts after it */
   if (ms == 0) {
-    uv_timer_stop(&s->_timer);
+    osr_timer_stop(&s->_timer);
     return;
   }
   /* Servers switch between request and keep-alive timeouts on every
@@ -361,7 +361,7 @@ static void sock_update_reading(osr_sock_t *s)
 
   if (want && s->_pending_err != 0) {
     /* An end read while paused: delivered by on_kick, after the input. */
-    uv_idle_start(&s->_kick, on_kick);
+    osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
   } else if (want && !(s->_flags & OSR_SOCK_F_UV_READING)) {
     if (uv_read_start(&s->_h.stream, on_alloc, on_uv_read) == 0)
       s->_flags |= OSR_SOCK_F_UV_READING;
@@ -389,11 +389,10 @@ int osr__sock_raw_read_start(osr_sock_t *s)
   return 0;
 }
 
-static void on_kick(uv_idle_t *idle)
+static void on_kick(osr_pending_t *n)
 {
-  osr_sock_t *s = idle->data;
+  osr_sock_t *s = osr_container_of(n, osr_sock_t, _kick);
 
-  uv_idle_stop(idle);
   if (!(s->_flags & OSR_SOCK_F_CLOSING))
     wdone_run(s);
   if ((s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_READING)) != OSR_SOCK_F_READING)
@@ -406,8 +405,8 @@ static void on_kick(uv_idle_t *idle)
       return;
     }
   }
-  int forced = s->_kick_forced;
-  s->_kick_forced = 0;
+  int forced = (s->_flags & OSR_SOCK_F_KICK_FORCED) != 0;
+  s->_flags &= ~OSR_SOCK_F_KICK_FORCED;
   if (s->input.len != 0 || forced)
     osr__sock_deliver(s, 0);
   sock_trim(s);
@@ -423,8 +422,8 @@ void osr_sock_kick(osr_sock_t *s)
 {
   if (s->_flags & OSR_SOCK_F_CLOSING)
     return;
-  s->_kick_forced = 1;
-  uv_idle_start(&s->_kick, on_kick);
+  s->_flags |= OSR_SOCK_F_KICK_FORCED;
+  osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
 }
 
 int osr_sock_read_start(osr_sock_t *s)
@@ -435,7 +434,7 @@ int osr_sock_read_start(osr_sock_t *s)
   /* Buffered bytes (or bytes TLS holds) are delivered on the next
    * iteration, never re-entrantly from inside the caller. */
   if (s->input.len != 0 || (s->_tls != NULL && s->_raw.len != 0))
-    uv_idle_start(&s->_kick, on_kick);
+    osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
   /* After EOF (already delivered) there is nothing more to read. */
   sock_update_reading(s);
   return 0;
@@ -521,7 +520,7 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
       s->_wdone[s->_wdone_n].cb = cb;
       s->_wdone[s->_wdone_n].arg = arg;
       s->_wdone_n++;
-      uv_idle_start(&s->_kick, on_kick);
+      osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
       return 0;
     }
     if (n > 0) {
@@ -644,8 +643,6 @@ static void on_handle_closed(uv_handle_t *h)
      * would have run them first, in on_uv_write): they succeeded. */
     wdone_run(s);
   }
-  if (--s->_open_handles != 0)
-    return;
   if (s->_listener != NULL)
     osr__listener_forget(s->_listener, s);
   if (s->ev != NULL && s->ev->on_close != NULL)
@@ -655,15 +652,19 @@ static void on_handle_closed(uv_handle_t *h)
   s->_tls = NULL;
   buf_trim(&s->input, 1);
   buf_trim(&s->_raw, 1);
+  /* Disarmed in do_close already; nothing re-arms a closing socket. */
+  osr_timer_stop(&s->_timer);
+  osr_pending_cancel(s->_ctx, &s->_kick);
+  osr_loopctx_release(s->_ctx);
   osr_free(s);
 }
 
 static void do_close(osr_sock_t *s)
 {
-  s->_close_pending = 0;
+  s->_flags &= ~OSR_SOCK_F_CLOSE_PENDING;
+  osr_timer_stop(&s->_timer);
+  osr_pending_cancel(s->_ctx, &s->_kick);
   uv_close(&s->_h.handle, on_handle_closed);
-  uv_close((uv_handle_t *)&s->_timer, on_handle_closed);
-  uv_close((uv_handle_t *)&s->_kick, on_handle_closed);
 }
 
 void osr_sock_close(osr_sock_t *s)
@@ -676,7 +677,7 @@ void osr_sock_close(osr_sock_t *s)
    * uv_close itself is safe, but the owner's frames above us may still touch
    * the socket. */
   if (s->_in_cb > 0) {
-    s->_close_pending = 1;
+    s->_flags |= OSR_SOCK_F_CLOSE_PENDING;
     return;
   }
   do_close(s);
@@ -703,7 +704,7 @@ int osr__sock_start_tls(osr_sock_t *s, osr_tls_ctx_t *ctx, int is_server, const 
     return rv;
   }
   if (timeout_ms != 0 && (s->_flags & OSR_SOCK_F_HANDSHAKING))
-    uv_timer_start(&s->_timer, on_idle_timer, timeout_ms, 0);
+    osr_timer_start(&s->_timer, on_idle_timer, timeout_ms);
   return 0;
 }
 
@@ -715,7 +716,7 @@ void osr__sock_handshake_done(osr_sock_t *s, int status)
     return;
   s->_flags &= ~OSR_SOCK_F_HANDSHAKING;
   s->_handshake_cb = NULL;
-  uv_timer_stop(&s->_timer);
+  osr_timer_stop(&s->_timer);
   touch(s); /* idle time counts from the end of the handshake */
   /* Reading continues only if the next owner asks for it. */
   sock_update_reading(s);

@@ -39,6 +39,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "net/loopctx.h"
 #include "osr/common.h"
 #include "util/buf.h"
 
@@ -74,6 +75,8 @@ enum {
   OSR_SOCK_F_IS_PIPE = 1u << 5,
   OSR_SOCK_F_HANDSHAKING = 1u << 6,
   OSR_SOCK_F_DRAINING = 1u << 7,
+  OSR_SOCK_F_CLOSE_PENDING = 1u << 8, /* close requested during a callback */
+  OSR_SOCK_F_KICK_FORCED = 1u << 9,   /* osr_sock_kick(): deliver even with no input */
 };
 
 /* One queued write (private to sock.c). */
@@ -100,11 +103,19 @@ struct osr_sock_s {
     uv_tcp_t tcp;
     uv_pipe_t pipe;
   } _h;
-  uv_timer_t _timer;
-  uv_idle_t _kick;            /* deferred delivery of buffered input */
-  uint64_t _idle_timeout_ms;
-  uint64_t _last_active;       /* loop time of the last read or write (idle timer) */
+  /* The idle (or TLS handshake) timeout and the deferred delivery of
+   * buffered input are nodes on the loop's shared timer heap and pending
+   * list (net/loopctx.h), not libuv handles of their own: the stream is the
+   * socket's only handle. */
+  osr_loopctx_t *_ctx;
+  osr_timer_t _timer;
+  osr_pending_t _kick;        /* deferred delivery of buffered input */
+  uint64_t _last_active;      /* loop time of the last read or write (idle timer) */
+  uint32_t _idle_timeout_ms;  /* 0: none (clamped to 2^32-1 ms) */
+  unsigned _flags;
   int _pending_err;           /* EOF/error read while the owner paused reading */
+  int _in_cb;                 /* >0 while an owner callback runs */
+  size_t _write_queue;        /* bytes queued and not yet written */
   /* Writes the kernel took whole at once (uv_try_write): their callbacks
    * run from _kick on the next loop turn, in order, never from inside
    * osr_sock_write. This skips libuv's write queue, whose drain costs an
@@ -114,16 +125,10 @@ struct osr_sock_s {
     void *arg;
   } _wdone[4];
   unsigned _wdone_n;
-  size_t _write_queue;        /* bytes queued and not yet written */
-  unsigned _flags;
-  int _open_handles;          /* handles to close before freeing */
   osr_tls_conn_t *_tls;       /* NULL for cleartext */
   osr_buf_t _raw;             /* TLS only: ciphertext read, not yet decrypted */
   osr_listener_t *_listener;  /* accepted by; NULL for client sockets */
   struct osr_sock_s *_prev, *_next; /* the listener's connection list */
-  int _in_cb;                 /* >0 while an owner callback runs */
-  int _close_pending;         /* close requested during a callback */
-  int _kick_forced;           /* osr_sock_kick(): deliver even with no input */
   void (*_handshake_cb)(osr_sock_t *s, int status);
 };
 
