@@ -119,7 +119,7 @@ struct h1conn_s {
   osr_http_server_t *srv;
   const osr_http_server_opts_t *opts;
   osr_sock_t *sock;     /* NULL once closed or handed over */
-  osr_h1p_t p;
+  osr_h1p_t *p;         /* NULL between requests (see parser_get) */
   osr_loopctx_t *ctx;   /* a reference, for the timer */
   osr_timer_t timer;
   int timer_mode;
@@ -344,9 +344,11 @@ static void timer_set(h1conn_t *c, int mode, uint64_t ms)
   osr_timer_start(&c->timer, on_timer, ms);
 }
 
+static void parser_drop(h1conn_t *c);
+
 static void conn_free(h1conn_t *c)
 {
-  osr__h1p_dispose(&c->p);
+  parser_drop(c);
   osr_free(c->errbuf);
   osr_loopctx_release(c->ctx);
   osr_free(c);
@@ -619,6 +621,27 @@ static const osr_h1p_events_t parser_events = {
   .on_complete = on_msg_complete,
 };
 
+/* The parser (440 bytes with llhttp's state) exists only while a request is
+ * being received or bytes wait to be parsed: an idle keep-alive connection
+ * holds none. Messages are parsed one at a time and the parser stops at each
+ * message boundary, where a fresh one is equivalent to the old one. */
+static osr_h1p_t *parser_get(h1conn_t *c)
+{
+  if (c->p == NULL) {
+    c->p = osr_xmalloc(sizeof(*c->p));
+    osr__h1p_init(c->p, 1, &c->opts->limits, c->opts->limits.max_body, &parser_events, c);
+  }
+  return c->p;
+}
+
+static void parser_drop(h1conn_t *c)
+{
+  if (c->p == NULL)
+    return;
+  osr__h1p_dispose(c->p);
+  osr_freep(&c->p);
+}
+
 /* ---- input processing ------------------------------------------------------ */
 
 static void handoff_h2(h1conn_t *c)
@@ -662,12 +685,12 @@ static void process_input(h1conn_t *c)
     }
 
     size_t consumed = 0;
-    int rc = osr__h1p_execute(&c->p, osr_buf_data(&s->input), s->input.len, &consumed);
+    int rc = osr__h1p_execute(parser_get(c), osr_buf_data(&s->input), s->input.len, &consumed);
     if (!sock_usable(c))
       return; /* the handler aborted from a callback */
     osr_buf_consume(&s->input, consumed);
     if (rc < 0) {
-      conn_fail(c, c->p.status != 0 ? c->p.status : 400, rc);
+      conn_fail(c, c->p->status != 0 ? c->p->status : 400, rc);
       return;
     }
     if (rc == OSR_H1P_HELD) {
@@ -739,7 +762,10 @@ static void exchange_done(h1conn_t *c)
   }
   /* Next request: buffered pipelined bytes are delivered on the next loop
    * turn (never re-entrantly from here). */
-  osr__h1p_trim(&c->p);
+  if (c->sock->input.len == 0)
+    parser_drop(c); /* idle until the next request */
+  else
+    osr__h1p_trim(c->p);
   osr_sock_set_idle_timeout(c->sock, c->opts->limits.idle_timeout_ms);
   osr_sock_read_start(c->sock);
 }
@@ -1024,8 +1050,8 @@ static void h1_release(osr_http_req_t *req)
     return;
   }
   /* The held chunk was left at the front of sock->input. */
-  osr_buf_consume(&c->sock->input, c->p.held_len);
-  c->p.held_len = 0;
+  osr_buf_consume(&c->sock->input, c->p->held_len);
+  c->p->held_len = 0;
   /* The rest is delivered from the next loop turn, not from inside the
    * caller (who may be in a write callback of its own). The parser is
    * resumed even if no byte is left: a body that ended with the held chunk
@@ -1096,7 +1122,6 @@ void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s)
   c->sniff = !osr_sock_is_tls(s);
   if (osr_sock_peername(s, c->peer, sizeof(c->peer)) != 0)
     snprintf(c->peer, sizeof(c->peer), "unknown");
-  osr__h1p_init(&c->p, 1, &c->opts->limits, c->opts->limits.max_body, &parser_events, c);
   c->ctx = osr_loopctx_acquire(s->loop);
   osr_timer_init(&c->timer, c->ctx);
 
