@@ -120,20 +120,20 @@ struct h1conn_s {
   const osr_http_server_opts_t *opts;
   osr_sock_t *sock;     /* NULL once closed or handed over */
   osr_h1p_t *p;         /* NULL between requests (see parser_get) */
-  osr_loopctx_t *ctx;   /* a reference, for the timer */
-  osr_timer_t timer;
-  int timer_mode;
+  osr_timer_t timer;    /* holds a reference on its loop context */
   h1req_t *req;         /* the current exchange, or NULL */
   uint64_t hdr_deadline; /* loop time by which the current head must be complete */
-  int sniff;            /* cleartext and nothing parsed yet: look for h2c */
-  int draining;
-  int resume_parser;    /* a held chunk was released: run the parser even without new bytes */
-  int lingering;
-  size_t linger_bytes;
-  int err_writing;      /* our own error response is being written */
-  int closing;
   int close_status;     /* why, for on_done */
-  int peer_eof;
+  uint32_t linger_bytes;
+  /* Flags, packed: an idle keep-alive connection is mostly this struct. */
+  unsigned timer_mode : 3;
+  unsigned sniff : 1;   /* cleartext and nothing parsed yet: look for h2c */
+  unsigned draining : 1;
+  unsigned resume_parser : 1; /* a held chunk was released: run the parser even without new bytes */
+  unsigned lingering : 1;
+  unsigned err_writing : 1; /* our own error response is being written */
+  unsigned closing : 1;
+  unsigned peer_eof : 1;
   char *errbuf;         /* our error response (allocated when one is sent) */
   char peer[64];
 };
@@ -298,7 +298,7 @@ static void on_timer(osr_timer_t *t)
   case TIMER_HEADER: {
     /* The timer is left running between requests (see on_msg_begin), so it
      * may fire for an earlier head: re-arm for what is left of this one. */
-    uint64_t now = osr_loopctx_now(c->ctx);
+    uint64_t now = osr_loopctx_now(osr_timer_ctx(&c->timer));
     if (now < c->hdr_deadline) {
       timer_set(c, TIMER_HEADER, c->hdr_deadline - now);
       break;
@@ -350,7 +350,7 @@ static void conn_free(h1conn_t *c)
 {
   parser_drop(c);
   osr_free(c->errbuf);
-  osr_loopctx_release(c->ctx);
+  osr_loopctx_release(osr_timer_ctx(&c->timer));
   osr_free(c);
 }
 
@@ -424,7 +424,7 @@ static void on_sock_read(osr_sock_t *s, int status)
   if (c->closing)
     return;
   if (c->lingering) {
-    c->linger_bytes += s->input.len;
+    c->linger_bytes += (uint32_t)s->input.len; /* < LINGER_MAX_BYTES + the input cap */
     osr_buf_consume(&s->input, s->input.len);
     if (status < 0 || c->linger_bytes > LINGER_MAX_BYTES)
       conn_close(c, 0);
@@ -465,7 +465,7 @@ static int on_msg_begin(osr_h1p_t *p)
    * later than this deadline and re-arms for the rest, which saves a timer
    * heap removal and insertion per request on keep-alive connections. */
   uint64_t ms = c->opts->limits.header_timeout_ms;
-  c->hdr_deadline = osr_loopctx_now(c->ctx) + ms;
+  c->hdr_deadline = osr_loopctx_now(osr_timer_ctx(&c->timer)) + ms;
   if ((c->timer_mode == TIMER_HEADER || c->timer_mode == TIMER_HEADER_DONE) &&
       osr_timer_is_active(&c->timer)) {
     c->timer_mode = TIMER_HEADER;
@@ -1122,8 +1122,7 @@ void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s)
   c->sniff = !osr_sock_is_tls(s);
   if (osr_sock_peername(s, c->peer, sizeof(c->peer)) != 0)
     snprintf(c->peer, sizeof(c->peer), "unknown");
-  c->ctx = osr_loopctx_acquire(s->loop);
-  osr_timer_init(&c->timer, c->ctx);
+  osr_timer_init(&c->timer, osr_loopctx_acquire(s->loop));
 
   osr_sock_set_events(s, &sock_events, c);
   osr_sock_set_nodelay(s, 1);

@@ -85,6 +85,11 @@ static inline int osr_timer_is_active(const osr_timer_t *t)
 {
   return t->_idx != 0;
 }
+/** The context the timer was initialised on. */
+static inline osr_loopctx_t *osr_timer_ctx(const osr_timer_t *t)
+{
+  return t->_ctx;
+}
 /** Milliseconds until an armed timer is due (0 if overdue or unarmed). */
 uint64_t osr_timer_due_in(const osr_timer_t *t);
 

@@ -45,8 +45,6 @@ int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
 
   s->loop = loop;
   osr_buf_init(&s->input, OSR_SOCK_INPUT_MAX_DEFAULT);
-  /* TLS records are at most ~16 KiB; keep a few of them. */
-  osr_buf_init(&s->_raw, 256 * 1024);
   if (is_pipe) {
     rv = uv_pipe_init(loop, &s->_h.pipe, 0);
     s->_flags |= OSR_SOCK_F_IS_PIPE;
@@ -58,8 +56,7 @@ int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
     return rv;
   }
   s->_h.handle.data = s;
-  s->_ctx = osr_loopctx_acquire(loop);
-  osr_timer_init(&s->_timer, s->_ctx);
+  osr_timer_init(&s->_timer, osr_loopctx_acquire(loop));
   osr_pending_init(&s->_kick);
   *out = s;
   return 0;
@@ -206,7 +203,8 @@ static void sock_trim(osr_sock_t *s)
   if (s->_flags & OSR_SOCK_F_CLOSING)
     return;
   buf_trim(&s->input, 0);
-  buf_trim(&s->_raw, 0);
+  if (s->_tls != NULL)
+    buf_trim(osr__tls_raw(s->_tls), 0);
 }
 
 void osr__sock_trim_input(osr_sock_t *s)
@@ -220,7 +218,7 @@ void osr__sock_trim_input(osr_sock_t *s)
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
   osr_sock_t *s = h->data;
-  osr_buf_t *b = s->_tls != NULL ? &s->_raw : &s->input;
+  osr_buf_t *b = s->_tls != NULL ? osr__tls_raw(s->_tls) : &s->input;
   osr_iovec_t tail;
 
   (void)suggested;
@@ -328,7 +326,7 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
   }
   touch(s);
   if (s->_tls != NULL) {
-    s->_raw.len += (size_t)nread;
+    osr__tls_raw(s->_tls)->len += (size_t)nread;
     int rv = osr__tls_on_raw(s);
     if (rv != 0 && !(s->_flags & OSR_SOCK_F_CLOSING)) {
       if (s->_flags & OSR_SOCK_F_HANDSHAKING)
@@ -361,7 +359,7 @@ static void sock_update_reading(osr_sock_t *s)
 
   if (want && s->_pending_err != 0) {
     /* An end read while paused: delivered by on_kick, after the input. */
-    osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
+    osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
   } else if (want && !(s->_flags & OSR_SOCK_F_UV_READING)) {
     if (uv_read_start(&s->_h.stream, on_alloc, on_uv_read) == 0)
       s->_flags |= OSR_SOCK_F_UV_READING;
@@ -423,7 +421,7 @@ void osr_sock_kick(osr_sock_t *s)
   if (s->_flags & OSR_SOCK_F_CLOSING)
     return;
   s->_flags |= OSR_SOCK_F_KICK_FORCED;
-  osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
+  osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
 }
 
 int osr_sock_read_start(osr_sock_t *s)
@@ -433,8 +431,8 @@ int osr_sock_read_start(osr_sock_t *s)
   s->_flags |= OSR_SOCK_F_READING;
   /* Buffered bytes (or bytes TLS holds) are delivered on the next
    * iteration, never re-entrantly from inside the caller. */
-  if (s->input.len != 0 || (s->_tls != NULL && s->_raw.len != 0))
-    osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
+  if (s->input.len != 0 || (s->_tls != NULL && osr__tls_raw(s->_tls)->len != 0))
+    osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
   /* After EOF (already delivered) there is nothing more to read. */
   sock_update_reading(s);
   return 0;
@@ -520,7 +518,7 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
       s->_wdone[s->_wdone_n].cb = cb;
       s->_wdone[s->_wdone_n].arg = arg;
       s->_wdone_n++;
-      osr_pending_schedule(s->_ctx, &s->_kick, on_kick);
+      osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
       return 0;
     }
     if (n > 0) {
@@ -647,15 +645,16 @@ static void on_handle_closed(uv_handle_t *h)
     osr__listener_forget(s->_listener, s);
   if (s->ev != NULL && s->ev->on_close != NULL)
     s->ev->on_close(s);
-  if (s->_tls != NULL)
+  if (s->_tls != NULL) {
+    buf_trim(osr__tls_raw(s->_tls), 1);
     osr__tls_free(s->_tls);
+  }
   s->_tls = NULL;
   buf_trim(&s->input, 1);
-  buf_trim(&s->_raw, 1);
   /* Disarmed in do_close already; nothing re-arms a closing socket. */
   osr_timer_stop(&s->_timer);
-  osr_pending_cancel(s->_ctx, &s->_kick);
-  osr_loopctx_release(s->_ctx);
+  osr_pending_cancel(osr_timer_ctx(&s->_timer), &s->_kick);
+  osr_loopctx_release(osr_timer_ctx(&s->_timer));
   osr_free(s);
 }
 
@@ -663,7 +662,7 @@ static void do_close(osr_sock_t *s)
 {
   s->_flags &= ~OSR_SOCK_F_CLOSE_PENDING;
   osr_timer_stop(&s->_timer);
-  osr_pending_cancel(s->_ctx, &s->_kick);
+  osr_pending_cancel(osr_timer_ctx(&s->_timer), &s->_kick);
   uv_close(&s->_h.handle, on_handle_closed);
 }
 

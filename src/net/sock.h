@@ -107,8 +107,7 @@ struct osr_sock_s {
    * buffered input are nodes on the loop's shared timer heap and pending
    * list (net/loopctx.h), not libuv handles of their own: the stream is the
    * socket's only handle. */
-  osr_loopctx_t *_ctx;
-  osr_timer_t _timer;
+  osr_timer_t _timer;         /* holds the loop context reference */
   osr_pending_t _kick;        /* deferred delivery of buffered input */
   uint64_t _last_active;      /* loop time of the last read or write (idle timer) */
   uint32_t _idle_timeout_ms;  /* 0: none (clamped to 2^32-1 ms) */
@@ -126,7 +125,6 @@ struct osr_sock_s {
   } _wdone[4];
   unsigned _wdone_n;
   osr_tls_conn_t *_tls;       /* NULL for cleartext */
-  osr_buf_t _raw;             /* TLS only: ciphertext read, not yet decrypted */
   osr_listener_t *_listener;  /* accepted by; NULL for client sockets */
   struct osr_sock_s *_prev, *_next; /* the listener's connection list */
   void (*_handshake_cb)(osr_sock_t *s, int status);

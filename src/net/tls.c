@@ -6,14 +6,14 @@
  *
  * One custom BIO per connection serves as both read and write BIO:
  *
- *  - Reading hands the SSL ciphertext straight out of sock->_raw, starting
- *    `fed` bytes in. Bytes the SSL has taken are removed from _raw only when
+ *  - Reading hands the SSL ciphertext straight out of c->raw, starting
+ *    `fed` bytes in. Bytes the SSL has taken are removed from raw only when
  *    the SSL holds no decrypted plaintext (SSL_pending() == 0, see settle()).
  *    Plaintext is written into sock->input only while the owner is reading
  *    and never beyond input.max; when the input is full (or the owner
  *    paused) the SSL keeps the rest of the current record, and because that
- *    record's bytes still count in _raw, sock.c's osr_sock_read_start() sees
- *    `_raw.len != 0` and kicks osr__tls_on_raw() again. Neither library reads
+ *    record's bytes still count in raw, sock.c's osr_sock_read_start() sees
+ *    `raw.len != 0` and kicks osr__tls_on_raw() again. Neither library reads
  *    ahead of the record it is working on (OpenSSL's read_ahead stays off),
  *    so nothing can be stranded inside the SSL where sock.c cannot see it.
  *
@@ -79,7 +79,12 @@ struct osr_tls_conn_s {
   SSL *ssl;
   osr_sock_t *sock;
   osr_tls_ctx_t *ctx; /* one reference */
-  size_t fed;         /* bytes at the front of sock->_raw the SSL already took */
+  /* Ciphertext read and not yet decrypted. Lives here rather than in the
+   * socket so that a cleartext socket does not carry it; sock.c fills it
+   * (on_alloc) and gives its memory back (pooled blocks) before
+   * osr__tls_free(). */
+  osr_buf_t raw;
+  size_t fed;         /* bytes at the front of raw the SSL already took */
   out_buf_t out;      /* ciphertext produced and not yet written */
   const char *alpn;   /* negotiated, points into ctx->alpn */
   char *sni;          /* server: the client's SNI */
@@ -532,7 +537,7 @@ static int out_reserve(out_buf_t *o, size_t need)
 static int bio_read(BIO *b, char *buf, int len)
 {
   osr_tls_conn_t *c = BIO_get_data(b);
-  osr_buf_t *raw = &c->sock->_raw;
+  osr_buf_t *raw = &c->raw;
   size_t avail = raw->len - c->fed;
 
   BIO_clear_retry_flags(b);
@@ -596,7 +601,7 @@ static void bio_method_init(void)
 static void settle(osr_sock_t *s, osr_tls_conn_t *c)
 {
   if (c->fed != 0 && SSL_pending(c->ssl) == 0) {
-    osr_buf_consume(&s->_raw, c->fed);
+    osr_buf_consume(&c->raw, c->fed);
     c->fed = 0;
   }
 }
@@ -604,7 +609,7 @@ static void settle(osr_sock_t *s, osr_tls_conn_t *c)
 /* After the read side ended: drop the rest of the ciphertext. */
 static void discard_raw(osr_sock_t *s, osr_tls_conn_t *c)
 {
-  osr_buf_consume(&s->_raw, s->_raw.len);
+  osr_buf_consume(&c->raw, c->raw.len);
   c->fed = 0;
 }
 
@@ -744,6 +749,8 @@ int osr__tls_start(osr_sock_t *s, osr_tls_ctx_t *ctx, int is_server, const char 
   osr_tls_conn_t *c = osr_xcalloc(1, sizeof(*c));
   c->sock = s;
   c->ctx = ctx;
+  /* TLS records are at most ~16 KiB; keep a few of them. */
+  osr_buf_init(&c->raw, 256 * 1024);
   c->is_server = is_server != 0;
   osr_tls_ctx_ref(ctx);
   c->ssl = SSL_new(ctx->ssl);
@@ -799,7 +806,7 @@ static int read_records(osr_sock_t *s, osr_tls_conn_t *c)
 
     while ((s->_flags & (OSR_SOCK_F_READING | OSR_SOCK_F_CLOSING)) == OSR_SOCK_F_READING) {
       if (s->input.len >= s->input.max)
-        break; /* full: the rest waits in _raw / the SSL, see settle() */
+        break; /* full: the rest waits in raw / the SSL, see settle() */
       size_t room = s->input.max - s->input.len;
       osr_iovec_t tail;
       osr__sock_buf_adopt(&s->input);
@@ -874,7 +881,7 @@ int osr__tls_on_raw(osr_sock_t *s)
     settle(s, c);
     if (c->established)
       osr__sock_handshake_done(s, 0);
-    /* Records that followed the handshake stay in _raw: the new owner's
+    /* Records that followed the handshake stay in raw: the new owner's
      * osr_sock_read_start() kicks us for them. */
     return 0;
   }
@@ -1006,6 +1013,11 @@ void osr__tls_free(osr_tls_conn_t *c)
   osr_free(c->sni);
   osr_tls_ctx_unref(c->ctx);
   osr_free(c);
+}
+
+osr_buf_t *osr__tls_raw(osr_tls_conn_t *c)
+{
+  return &c->raw;
 }
 
 const char *osr__tls_alpn(const osr_tls_conn_t *c)

@@ -2,7 +2,7 @@
  * TLS on osr_sock_t with BoringSSL (default) or OpenSSL 3 (-Dtls=openssl),
  * using only the API subset both share. The SSL object talks to the socket
  * through memory buffers: ciphertext read from the kernel lands in
- * sock->_raw and is decrypted into sock->input; plaintext written by the owner
+ * the TLS connection's raw buffer and is decrypted into sock->input; plaintext written by the owner
  * is encrypted into a fresh buffer handed to osr__sock_raw_write().
  *
  * Contexts are reference counted because every connection made from one holds
@@ -74,7 +74,10 @@ void osr_tls_ctx_unref(osr_tls_ctx_t *ctx);
  * handshake finishes or fails. Returns 0 or an error (nothing called).
  */
 int osr__tls_start(osr_sock_t *s, osr_tls_ctx_t *ctx, int is_server, const char *sni);
-/** Ciphertext arrived in s->_raw: run the handshake or decrypt into
+/** The connection's ciphertext input buffer (filled and trimmed by sock.c;
+ *  empty, its memory given back, before osr__tls_free). */
+osr_buf_t *osr__tls_raw(osr_tls_conn_t *c);
+/** Ciphertext arrived in osr__tls_raw(): run the handshake or decrypt into
  *  s->input (never beyond its cap). Returns 0, or an error that ends the
  *  connection. Calls osr__sock_deliver() when plaintext was added. */
 int osr__tls_on_raw(osr_sock_t *s);
