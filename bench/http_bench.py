@@ -129,6 +129,46 @@ def proc_tree_cpu(pid):
     return total / tick
 
 
+def rss_kib(pid):
+    """VmRSS of pid and its children (nginx's worker), KiB."""
+    pids = [pid]
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    pids += [int(x) for x in out.split()]
+    total = 0
+    for q in pids:
+        with open("/proc/%d/status" % q) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def idle_rss(pid, port, n):
+    """RSS growth per idle keep-alive connection, KiB: n connections, one GET
+    /hello answered on each, then left open."""
+    import socket
+    req = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+    time.sleep(0.5)
+    r0 = rss_kib(pid)
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(req)
+            buf = b""
+            while not buf.endswith(b"hello world\n"):
+                d = s.recv(4096)
+                if not d:
+                    raise RuntimeError("idle: closed")
+                buf += d
+            socks.append(s)
+        time.sleep(1)
+        return (rss_kib(pid) - r0) / n
+    finally:
+        for s in socks:
+            s.close()
+
+
 def stop(p):
     p.send_signal(signal.SIGTERM)
     try:
@@ -185,6 +225,12 @@ def main():
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--only", default="hello-h1,hello-h1-pipe8,echo-h1,hello-h2,echo-h2")
     ap.add_argument("--out", default=None, help="append a markdown report to this file")
+    ap.add_argument("--base", default=None,
+                    help="also run osr-testd from this build (e.g. /work/wt/base/build-release) in the "
+                         "same interleaved rounds: an A/B of two OSR builds, reported as osr / base")
+    ap.add_argument("--idle", type=int, default=0,
+                    help="before the rounds, open N idle HTTP/1.1 keep-alive connections (one GET "
+                         "each) to a fresh server and report its RSS growth per connection")
     a = ap.parse_args()
     for tool in ("wrk", "h2load", "nginx", "taskset"):
         if shutil.which(tool) is None:
@@ -215,11 +261,29 @@ def main():
         "echo-h2": lambda port, h2port: h2load(a.client_cpu, "http://127.0.0.1:%d/echo" % h2port, a.duration, a.conns, body),
     }
     chosen = [w for w in a.only.split(",") if w]
-    results = {w: {"osr": [], "nginx": []} for w in chosen}
+    servers = ["osr", "nginx"] + (["base"] if a.base else [])
+
+    def start(name):
+        if name == "osr":
+            return start_osr(a.build, a.server_cpu)
+        if name == "base":
+            return start_osr(a.base, a.server_cpu)
+        return start_nginx(a.server_cpu, tmp)
+
+    idle = {}
+    if a.idle:
+        for name in servers:
+            p, port, _ = start(name)
+            try:
+                idle[name] = idle_rss(p.pid, port, a.idle)
+                print("idle %-6s %.2f KiB/conn" % (name, idle[name]), flush=True)
+            finally:
+                stop(p)
+    results = {w: {n: [] for n in servers} for w in chosen}
     try:
         for r in range(a.rounds):
-            for name in ("osr", "nginx"):
-                p, port, h2port = start_osr(a.build, a.server_cpu) if name == "osr" else start_nginx(a.server_cpu, tmp)
+            for name in servers:
+                p, port, h2port = start(name)
                 try:
                     for w in chosen:
                         cpu0 = proc_tree_cpu(p.pid)
@@ -233,7 +297,9 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
     cmd = "bench/http_bench.py " + " ".join(sys.argv[1:])
+    load = "load average %.2f %.2f %.2f at the end" % os.getloadavg()
     lines = ["", "### %s — `%s`" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), cmd.strip()), "",
+             load + ".", "",
              "Median of %d interleaved rounds, %ds each, %d connections; servers on cpu %d, load on cpu %d." % (
                  a.rounds, a.duration, a.conns, a.server_cpu, a.client_cpu), "",
              "Server CPU µs/req: the server's user + system CPU over the run (nginx: master + worker) divided by",
@@ -254,6 +320,20 @@ def main():
         ncpu = statistics.median(x["srv_us"] for x in n)
         lines.append("| %s | %.0f | %.0f | **%.2f×** | %s | %s | %.2f / %.2f |" % (
             w, orps, nrps, orps / nrps, olat, nlat, ocpu, ncpu))
+    if a.base:
+        lines += ["", "A/B against `%s` (same rounds, interleaved osr, nginx, base):" % a.base, "",
+                  "| workload | osr req/s | base req/s | osr / base | server CPU µs/req osr / base |",
+                  "|---|---|---|---|---|"]
+        for w in chosen:
+            o, b = results[w]["osr"], results[w]["base"]
+            orps = statistics.median(x["rps"] for x in o)
+            brps = statistics.median(x["rps"] for x in b)
+            lines.append("| %s | %.0f | %.0f | **%.3f×** | %.2f / %.2f |" % (
+                w, orps, brps, orps / brps, statistics.median(x["srv_us"] for x in o),
+                statistics.median(x["srv_us"] for x in b)))
+    if idle:
+        lines += ["", "Idle HTTP/1.1 keep-alive connections (%d, RSS growth / N): " % a.idle +
+                  ", ".join("%s %.2f KiB/conn" % (k, v) for k, v in idle.items()) + "."]
     report = "\n".join(lines) + "\n"
     print(report)
     if a.out:
