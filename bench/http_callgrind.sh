@@ -18,7 +18,9 @@ $W $B/tests/osr-testd --listen 127.0.0.1:0 --log-level error > $D/out 2>/dev/nul
 for i in $(seq 300); do grep -q '^ready' $D/out 2>/dev/null && break; sleep 0.1; done
 PORT=$(awk '/^listening/ {print $NF; exit}' $D/out)
 python3 "$(dirname "$0")/dataplane_drive.py" 127.0.0.1 $PORT /hello x $N 10 >&2
-kill -INT $PID; sleep 1; kill -TERM $PID 2>/dev/null; wait $PID 2>/dev/null
+# strace ignores SIGINT while it runs a command: signal the server itself.
+SRV=$PID; [ $T = strace ] && SRV=$(pgrep -P $PID)
+kill -INT $SRV; sleep 1; kill -TERM $SRV 2>/dev/null; wait $PID 2>/dev/null
 case $T in
 callgrind) for f in $D/cg.*; do echo "osr-testd N=$N $(grep -m1 '^summary:' $f | awk '{print $2}')"; done;;
 strace) echo "osr-testd N=$N"; head -20 $D/st;;
