@@ -39,6 +39,7 @@
  * places: exchange_done() when the exchange completed, or on_sock_close()
  * for every kind of failure, so on_done fires exactly once.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -104,15 +105,17 @@ typedef struct h1req_s {
   size_t block_cap;     /* bytes allocated for this struct and its strings */
   char *head;           /* the formatted head: head_inline or a heap block */
   size_t head_len;
-  char head_inline[HEAD_INLINE];
-  char chunk_line[24];
-  osr_iovec_t iov_inline[INLINE_IOVS];
   osr_iovec_t *iov_heap;
 
   /* upgrade */
   int upgrading;
   osr_http_upgrade_cb ucb;
   void *uarg;
+
+  /* Scratch space, last: new_req() zeroes only what comes before it. */
+  char head_inline[HEAD_INLINE];
+  char chunk_line[24];
+  osr_iovec_t iov_inline[INLINE_IOVS];
 } h1req_t;
 
 struct h1conn_s {
@@ -502,7 +505,7 @@ static h1req_t *new_req(h1conn_t *c, const osr_h1p_t *p)
   r = cap == REQ_BLOCK ? osr_block_get(OSR_BLOCK_4K) : osr_try_malloc(cap);
   if (r == NULL)
     return NULL;
-  memset(r, 0, sizeof(*r));
+  memset(r, 0, offsetof(h1req_t, head_inline));
   r->block_cap = cap;
   osr_http_header_t *hdrs = (osr_http_header_t *)(void *)(r + 1);
   char *str = (char *)hdrs + hdr_bytes;
@@ -820,7 +823,8 @@ static int format_head(h1req_t *r, int status, const osr_http_header_t *h, size_
   const char *reason = osr_http_reason(status);
   const char *date = http_date();
   size_t server_len = c->opts->server_name != NULL ? strlen(c->opts->server_name) : 0;
-  size_t need = HEAD_SLACK + strlen(reason) + strlen(date) + server_len;
+  size_t reason_len = strlen(reason), date_len = strlen(date);
+  size_t need = HEAD_SLACK + reason_len + date_len + server_len;
   for (size_t i = 0; i < n; i++) {
     if (h[i].name.len == 0 || has_crlf(h[i].name) || has_crlf(h[i].value))
       return OSR_EINVAL; /* no response splitting */
@@ -838,7 +842,7 @@ static int format_head(h1req_t *r, int status, const osr_http_header_t *h, size_
   HEAD_PUT_LIT(r, "HTTP/1.1 ");
   head_put(r, code, 3);
   head_put(r, " ", 1);
-  head_put(r, reason, strlen(reason));
+  head_put(r, reason, reason_len);
   HEAD_PUT_LIT(r, "\r\n");
   for (size_t i = 0; i < n; i++) {
     /* Framing headers are ours to write (see http.h). */
@@ -851,7 +855,7 @@ static int format_head(h1req_t *r, int status, const osr_http_header_t *h, size_
     HEAD_PUT_LIT(r, "\r\n");
   }
   HEAD_PUT_LIT(r, "date: ");
-  head_put(r, date, strlen(date));
+  head_put(r, date, date_len);
   HEAD_PUT_LIT(r, "\r\n");
   if (server_len != 0) {
     HEAD_PUT_LIT(r, "server: ");

@@ -38,8 +38,10 @@ static int fail(osr_h1p_t *p, int status, int err)
 /* RFC 9110 token characters: a field name is a token, so a space before the
  * colon, control bytes or separators make the request invalid (llhttp's
  * non-strict build accepts some of those). */
+/* Nonzero for a token character; upper-case letters also have 0x20 set, so
+ * `c | (TCHAR[c] & 0x20)` is the lower-case form of any token character. */
 static const unsigned char TCHAR[256] = {
-    ['a' ... 'z'] = 1, ['A' ... 'Z'] = 1, ['0' ... '9'] = 1, ['!'] = 1, ['#'] = 1, ['$'] = 1,
+    ['a' ... 'z'] = 1, ['A' ... 'Z'] = 0x21, ['0' ... '9'] = 1, ['!'] = 1, ['#'] = 1, ['$'] = 1,
     ['%'] = 1,         ['&'] = 1,         ['\''] = 1,        ['*'] = 1, ['+'] = 1, ['-'] = 1,
     ['.'] = 1,         ['^'] = 1,         ['_'] = 1,         ['`'] = 1, ['|'] = 1, ['~'] = 1,
 };
@@ -58,7 +60,10 @@ static char *head_base(osr_h1p_t *p)
   return p->head.base != NULL ? osr_buf_data(&p->head) : empty;
 }
 
-static int append(osr_h1p_t *p, const char *at, size_t len, int lower)
+/* Append to the head; `token` checks that every byte is a token character
+ * (returns 1 if not, nothing appended) and lower-cases it on the way.
+ * Returns -1 past the head's cap. */
+static int append(osr_h1p_t *p, const char *at, size_t len, int token)
 {
   osr_iovec_t tail;
   if (len == 0)
@@ -71,10 +76,12 @@ static int append(osr_h1p_t *p, const char *at, size_t len, int lower)
   }
   if (osr_buf_reserve(&p->head, len, &tail) != 0)
     return -1;
-  if (lower) {
+  if (token) {
     for (size_t i = 0; i < len; i++) {
-      unsigned char c = (unsigned char)at[i];
-      tail.base[i] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+      unsigned char c = (unsigned char)at[i], t = TCHAR[c];
+      if (t == 0)
+        return 1;
+      tail.base[i] = (char)(c | (t & 0x20));
     }
   } else {
     memcpy(tail.base, at, len);
@@ -247,17 +254,19 @@ static int cb_header_field(llhttp_t *ll, const char *at, size_t len)
       sp->value_len = 0;
     }
   }
-  for (size_t i = 0; i < len; i++) {
-    if (!is_tchar((unsigned char)at[i]))
-      return fail(p, 400, OSR_EHTTP);
-  }
   p->_field_bytes += len;
   if (count_header_bytes(p, len) != 0)
     return fail(p, 431, OSR_ETOOLARGE);
-  if (p->_in_trailers)
+  if (p->_in_trailers) {
+    for (size_t i = 0; i < len; i++) {
+      if (!is_tchar((unsigned char)at[i]))
+        return fail(p, 400, OSR_EHTTP);
+    }
     return 0; /* counted, checked and dropped */
-  if (append(p, at, len, 1) != 0)
-    return fail(p, 431, OSR_ETOOLARGE);
+  }
+  int rv = append(p, at, len, 1);
+  if (rv != 0)
+    return rv > 0 ? fail(p, 400, OSR_EHTTP) : fail(p, 431, OSR_ETOOLARGE);
   p->_spans[p->_nspans - 1].name_len += (uint32_t)len;
   return 0;
 }
