@@ -30,6 +30,8 @@ import tempfile
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dataplane_bench  # noqa: E402  (idle-connection client and RSS reader)
 
 NGINX_CONF = """
 load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;
@@ -131,37 +133,17 @@ def proc_tree_cpu(pid):
 
 def rss_kib(pid):
     """VmRSS of pid and its children (nginx's worker), KiB."""
-    pids = [pid]
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    pids += [int(x) for x in out.split()]
-    total = 0
-    for q in pids:
-        with open("/proc/%d/status" % q) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-    return total
+    return dataplane_bench.rss_kib([pid] + [int(x) for x in out.split()])
 
 
 def idle_rss(pid, port, n):
     """RSS growth per idle keep-alive connection, KiB: n connections, one GET
-    /hello answered on each, then left open."""
-    import socket
-    req = b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+    /hello answered on each (dataplane_bench's client), then left open."""
     time.sleep(0.5)
     r0 = rss_kib(pid)
-    socks = []
+    socks = dataplane_bench.idle_http(port, "/hello", (), n)
     try:
-        for _ in range(n):
-            s = socket.create_connection(("127.0.0.1", port))
-            s.sendall(req)
-            buf = b""
-            while not buf.endswith(b"hello world\n"):
-                d = s.recv(4096)
-                if not d:
-                    raise RuntimeError("idle: closed")
-                buf += d
-            socks.append(s)
         time.sleep(1)
         return (rss_kib(pid) - r0) / n
     finally:
@@ -306,31 +288,28 @@ def main():
              "the requests; it does not depend on whether the load generator or the server saturates first.", "",
              "| workload | osr req/s | nginx req/s | ratio | osr p50 / p99 µs | nginx p50 / p99 µs | server CPU µs/req osr / nginx |",
              "|---|---|---|---|---|---|---|"]
+    def med(rs, key):
+        return statistics.median(x[key] for x in rs)
+
+    def lat(rs):
+        if "p50_us" in rs[0]:
+            return "%.0f / %.0f" % (med(rs, "p50_us"), med(rs, "p99_us"))
+        return "mean %.0f" % med(rs, "mean_us")
+
     for w in chosen:
         o, n = results[w]["osr"], results[w]["nginx"]
-        orps = statistics.median(x["rps"] for x in o)
-        nrps = statistics.median(x["rps"] for x in n)
-        if "p50_us" in o[0]:
-            olat = "%.0f / %.0f" % (statistics.median(x["p50_us"] for x in o), statistics.median(x["p99_us"] for x in o))
-            nlat = "%.0f / %.0f" % (statistics.median(x["p50_us"] for x in n), statistics.median(x["p99_us"] for x in n))
-        else:
-            olat = "mean %.0f" % statistics.median(x["mean_us"] for x in o)
-            nlat = "mean %.0f" % statistics.median(x["mean_us"] for x in n)
-        ocpu = statistics.median(x["srv_us"] for x in o)
-        ncpu = statistics.median(x["srv_us"] for x in n)
         lines.append("| %s | %.0f | %.0f | **%.2f×** | %s | %s | %.2f / %.2f |" % (
-            w, orps, nrps, orps / nrps, olat, nlat, ocpu, ncpu))
+            w, med(o, "rps"), med(n, "rps"), med(o, "rps") / med(n, "rps"), lat(o), lat(n),
+            med(o, "srv_us"), med(n, "srv_us")))
     if a.base:
         lines += ["", "A/B against `%s` (same rounds, interleaved osr, nginx, base):" % a.base, "",
                   "| workload | osr req/s | base req/s | osr / base | server CPU µs/req osr / base |",
                   "|---|---|---|---|---|"]
         for w in chosen:
             o, b = results[w]["osr"], results[w]["base"]
-            orps = statistics.median(x["rps"] for x in o)
-            brps = statistics.median(x["rps"] for x in b)
             lines.append("| %s | %.0f | %.0f | **%.3f×** | %.2f / %.2f |" % (
-                w, orps, brps, orps / brps, statistics.median(x["srv_us"] for x in o),
-                statistics.median(x["srv_us"] for x in b)))
+                w, med(o, "rps"), med(b, "rps"), med(o, "rps") / med(b, "rps"), med(o, "srv_us"),
+                med(b, "srv_us")))
     if idle:
         lines += ["", "Idle HTTP/1.1 keep-alive connections (%d, RSS growth / N): " % a.idle +
                   ", ".join("%s %.2f KiB/conn" % (k, v) for k, v in idle.items()) + "."]
