@@ -31,7 +31,8 @@ Rows, per path:
                keep-alive connections and N idle WebSockets (--idle N)
 
 Usage: bench/dataplane_bench.py [--build DIR] [--rounds N] [--duration S]
-            [--conns N] [--rate R] [--idle N] [--paths a,b] [--no-big]
+            [--conns N] [--rate R] [--idle N] [--paths a,b] [--no-big] [--only-big]
+  --only-big   the 1 GiB download row alone, with the proxies' CPU s/GiB
 Needs: wrk, curl, nginx, haproxy, taskset; the build's osr-dataplane,
 osr-agent, dp-mint and bench/openloop.
 """
@@ -272,6 +273,20 @@ def pinned(cpu, args, env=None):
                             stderr=subprocess.DEVNULL, env=env)
 
 
+def traced_child(pid):
+    """The process strace (pid) started."""
+    for _ in range(200):
+        try:
+            with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+                kids = f.read().split()
+            if kids:
+                return int(kids[0])
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError("strace started nothing")
+
+
 def stop(p):
     if p.poll() is None:
         p.terminate()
@@ -330,6 +345,32 @@ def download(cpu, url, headers=()):
     return float(out[0]) / 1e6  # MB/s
 
 
+def big_only(a, names, paths, prefix, bport):
+    """--only-big: the download row, every path once per round in rotating
+    order, with the user+system CPU the proxy processes spent per GiB (a
+    load-independent view of the same transfer)."""
+    res = {k: ([], []) for k in names}
+    for r in range(a.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            port, _, hdr, pids = paths[name]
+            c0 = cpu_s(pids)
+            big = download(a.client_cpu, "http://127.0.0.1:%d%s/big" % (port, prefix(name, bport)),
+                           hdr)
+            cpu = cpu_s(pids) - c0
+            res[name][0].append(big)
+            res[name][1].append(cpu)
+            print("round %d %-9s 1 GiB %5.0f MB/s, proxy CPU %.2f s" % (r + 1, name, big, cpu),
+                  flush=True)
+    print("\nload average: %.2f %.2f %.2f\n" % os.getloadavg())
+    print("| path | 1 GiB MB/s | × direct | proxy CPU s/GiB |")
+    print("|---|---|---|---|")
+    dr = statistics.median(res["direct"][0]) if "direct" in res else None
+    for k, (mbs, cpu) in res.items():
+        m = statistics.median(mbs)
+        print("| %s | %.0f | %s | %s |" % (k, m, "%.2f" % (m / dr) if dr else "-",
+                                          "%.2f" % statistics.median(cpu) if paths[k][3] else "-"))
+
+
 def idle_http(port, path, headers, n):
     req = ("GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n" % (path, "".join(h + "\r\n" for h in headers)))
     socks = []
@@ -360,6 +401,10 @@ def main():
     ap.add_argument("--server-cpu", type=int, default=1)
     ap.add_argument("--paths", default="direct,dataplane,dp-copy,dp-tunnel,nginx,haproxy")
     ap.add_argument("--no-big", action="store_true")
+    ap.add_argument("--strace", metavar="DIR",
+                    help="run each osr-dataplane under strace -c -f, summaries to DIR/<path>.strace")
+    ap.add_argument("--only-big", action="store_true",
+                    help="the 1 GiB download row alone (with the proxies' CPU per GiB)")
     ap.add_argument("--exec-rounds", type=int, default=3,
                     help="1 GiB exec stdout rounds (0: skip)")
     ap.add_argument("--ws-backend", type=int, help=argparse.SUPPRESS)
@@ -383,6 +428,7 @@ def main():
     want = a.paths.split(",")
     d = tempfile.mkdtemp(prefix="osr-dpbench-")
     procs = []
+    traced = []
     try:
         os.mkdir(os.path.join(d, "www"))
         os.mkdir(os.path.join(d, "keys"))
@@ -416,10 +462,16 @@ def main():
             procs.append(pinned(a.server_cpu, [agent, "--listen", "unix:" + sock, "--log-level",
                                                "warn"], env))
             ag = procs[-1].pid
-            procs.append(pinned(a.server_cpu, [dpexe, "--listen", "127.0.0.1:%d" % port,
+            wrap = ["strace", "-c", "-f", "-o", os.path.join(a.strace, name + ".strace")] \
+                if a.strace else []
+            procs.append(pinned(a.server_cpu, wrap + [dpexe, "--listen", "127.0.0.1:%d" % port,
                                                "--keys-dir", os.path.join(d, "keys"),
                                                "--log-level", "warn"], env))
-            osr[name] = (port, sock, [procs[-1].pid, ag])
+            dpp = procs[-1].pid
+            if a.strace:  # the data plane itself (CPU, RSS), stopped first so strace reports
+                dpp = traced_child(dpp)
+                traced.append(dpp)
+            osr[name] = (port, sock, [dpp, ag])
         for p in [bport, wport, nport, hport] + [v[0] for v in osr.values()]:
             services._wait_port(p)
         for _, sock, _ in osr.values():
@@ -445,7 +497,7 @@ def main():
         # rounds would be reused and hide what idle connections cost.
         names = list(paths)
         idle = {}
-        for name in names:
+        for name in ([] if a.only_big else names):
             port, _, hdr, pids = paths[name]
             if not pids:
                 continue
@@ -470,6 +522,8 @@ def main():
             if len(pids) > 1:  # the OSR paths: the data plane alone, then the agent
                 print("idle %-9s websocket: osr-dataplane %.2f + osr-agent %.2f KiB/conn" % (
                     name, (w1[0] - w0[0]) / a.idle, (w1[1] - w0[1]) / a.idle), flush=True)
+        if a.only_big:
+            return big_only(a, names, paths, prefix, bport)
         keys = ("rps", "cpu", "p50", "p99", "p999", "big", "ws")
         res = {k: {m: [] for m in keys} for k in paths}
         for r in range(a.rounds):
@@ -530,6 +584,8 @@ def main():
                 "%.0f (abs)" % m["ws"] if k == "direct" else ("%+.0f" % (m["ws"] - dr["ws"]) if dr else "-"),
                 "%.2f / %.2f" % idle[k] if k in idle else "-"))
     finally:
+        for pid in traced:
+            os.kill(pid, 15)
         for p in reversed(procs):
             stop(p)
         shutil.rmtree(d, ignore_errors=True)

@@ -725,6 +725,8 @@ struct dp_stream_s {
   int responded;
   int resp_writing;
   int end_pending; /* upstream response complete, last write in flight */
+  osr_splice_xfer_t *xfer; /* the body being spliced (resp_writing is set), or NULL */
+  uint64_t xfer_len;
   dp_act_t *act;   /* activity entry of the sandbox (dp_activity.h), may be NULL */
   dp_upstream_t *up; /* a remote provider's sandbox (upstream.c), NULL = osr-agent */
   /* the endpoint's connect cap (gate_*): a slot held, or a place in line */
@@ -859,13 +861,77 @@ static void upstream_done(dp_stream_t *st)
   }
 }
 
+/* A spliced body (splice_body) ended: the rest of the response (its last
+ * byte, then the end) comes through the parser as usual. */
+static void on_body_spliced(osr_splice_xfer_t *x, int status, void *data)
+{
+  dp_stream_t *st = data;
+  (void)x;
+  st->xfer = NULL;
+  st->resp_writing = 0;
+  if (status == 0) {
+    st->dp->m.bytes_out += st->xfer_len;
+    osr_http_creq_raw_done(st->creq);
+    return;
+  }
+  /* The sandbox ended mid-body, or either side failed: the client cannot
+   * get the whole body (abort closes it), and the upstream connection is
+   * out of step (cancel closes it). on_done and the final on_body follow. */
+  OSR_LOG_DEBUG(MOD, "upstream %s port %u: spliced body: %s", st->addr, st->port,
+                osr_strerror(status));
+  osr_http_creq_cancel(st->creq); /* its final on_body comes later */
+  if (st->req != NULL)
+    osr_http_abort(st->req); /* on_done may run now; st lives on (creq) */
+}
+
+/* Stop a spliced body because one side went away (the other is ended by
+ * the caller). */
+static void stream_stop_xfer(dp_stream_t *st)
+{
+  if (st->xfer == NULL)
+    return;
+  osr_splice_xfer_cancel(st->xfer);
+  st->xfer = NULL;
+  st->resp_writing = 0;
+}
+
+/* After a chunk was written (so the head is out and the upstream input
+ * holds nothing else): move the rest of a large Content-Length body with
+ * splice(2), sandbox socket -> client socket, past user space (STYLE 16).
+ * Only HTTP/1.1 over cleartext on both sides (the protocol layers decline
+ * everything else: TLS, HTTP/2, chunked). Returns 1 if the splice runs. */
+static int splice_body(dp_stream_t *st)
+{
+  if (st->req == NULL || !osr_splice_is_enabled())
+    return 0;
+  uint64_t n = osr_http_creq_raw_avail(st->creq);
+  if (n < OSR_SPLICE_MIN_XFER)
+    return 0;
+  osr_sock_t *down = osr_http_raw_body(st->req, n);
+  if (down == NULL)
+    return 0;
+  osr_sock_t *up = osr_http_creq_raw_take(st->creq, n);
+  int rv =
+      up != NULL ? osr_splice_xfer_start(up, down, n, on_body_spliced, st, &st->xfer) : OSR_EINVAL;
+  if (rv != 0) {
+    /* Both layers counted the bytes: the exchange cannot go on. */
+    OSR_LOG_DEBUG(MOD, "splice body: %s", osr_strerror(rv));
+    osr_http_abort(st->req);
+    return 1;
+  }
+  st->xfer_len = n;
+  st->resp_writing = 1; /* the splice writes to the client now */
+  return 1;
+}
+
 static void on_resp_written(osr_http_req_t *req, int status, void *arg)
 {
   dp_stream_t *st = arg;
   (void)req;
   st->resp_writing = 0;
   if (status == 0 && st->creq != NULL) {
-    osr_http_creq_release(st->creq); /* read the next chunk */
+    if (!splice_body(st))
+      osr_http_creq_release(st->creq); /* read the next chunk */
   } else if (status == 0 && st->end_pending) {
     st->end_pending = 0;
     upstream_done(st);
@@ -929,7 +995,10 @@ static void creq_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int statu
     }
     return;
   }
-  /* Final callback: the creq is freed when we return. */
+  /* Final callback: the creq is freed when we return. A spliced body
+   * reads its socket: stop it first (the connection failed, so the client
+   * is aborted below). */
+  stream_stop_xfer(st);
   st->creq = NULL;
   osr_http_client_t *c = st->client;
   st->client = NULL;
@@ -1049,6 +1118,7 @@ static void req_on_done(osr_http_req_t *req, int status)
   (void)status;
   st->req = NULL;
   st->has_pending = 0;
+  stream_stop_xfer(st); /* it writes to the client's socket */
   if (st->waiting) {
     st->waiting = 0;
     st->acquiring = 0;

@@ -179,6 +179,18 @@ void osr_http_req_release(osr_http_req_t *req);
 typedef void (*osr_http_full_body_cb)(osr_http_req_t *req, osr_iovec_t body, int status);
 int osr_http_req_read_body(osr_http_req_t *req, size_t max, osr_http_full_body_cb cb);
 
+/**
+ * Response body pass-through (splice(2) in the data plane): on HTTP/1.1 over
+ * cleartext, with a Content-Length response whose head is already written
+ * and no write in flight, the next `len` body bytes may be written straight
+ * to the connection's socket by the caller. Returns that socket (still
+ * owned by the connection) and counts the bytes as written; the caller must
+ * write exactly `len` bytes to it before its next osr_http_write() (which
+ * ends the response as usual), or abort. NULL on HTTP/2, TLS, chunked
+ * responses or anything else: nothing changed, use osr_http_write().
+ */
+osr_sock_t *osr_http_raw_body(osr_http_req_t *req, uint64_t len);
+
 /** Abort: HTTP/1.1 closes the connection, HTTP/2 resets the stream.
  *  on_done fires with OSR_ECANCELED. */
 void osr_http_abort(osr_http_req_t *req);
@@ -208,6 +220,7 @@ struct osr_http_req_ops_s {
   void (*abort)(osr_http_req_t *req);
   int (*upgrade)(osr_http_req_t *req, const osr_http_header_t *h, size_t n,
                  osr_http_upgrade_cb cb, void *arg);
+  osr_sock_t *(*raw_body)(osr_http_req_t *req, uint64_t len); /* NULL: not supported */
 };
 
 /* Entry points the server dispatcher (http_server.c) uses (private). */
@@ -279,6 +292,23 @@ int osr_http_creq_write(osr_http_creq_t *r, const osr_iovec_t *bufs, size_t nbuf
                         osr_http_creq_write_cb cb, void *arg);
 void osr_http_creq_hold(osr_http_creq_t *r);
 void osr_http_creq_release(osr_http_creq_t *r);
+/**
+ * Response body pass-through (the other end of osr_http_raw_body). With a
+ * body chunk held: how many body bytes after it the caller may take off the
+ * connection itself. Non-zero only on HTTP/1.1 over cleartext, for a
+ * Content-Length body, with nothing else buffered; never the last byte,
+ * which is parsed as usual and ends the response.
+ */
+uint64_t osr_http_creq_raw_avail(osr_http_creq_t *r);
+/** Take n (1..raw_avail) body bytes: the held chunk is dropped, the parser
+ *  counts the n bytes as delivered, and the connection's socket (still
+ *  owned by the client) is returned with no reading: the caller moves
+ *  exactly n bytes off it, then calls osr_http_creq_raw_done(); on failure
+ *  it cancels the request instead. */
+osr_sock_t *osr_http_creq_raw_take(osr_http_creq_t *r, uint64_t n);
+/** The taken bytes are gone: body delivery resumes (the rest of the body,
+ *  then OSR_EOF), as after osr_http_creq_release(). */
+void osr_http_creq_raw_done(osr_http_creq_t *r);
 /** Abort one request: on_body fires with OSR_ECANCELED. */
 void osr_http_creq_cancel(osr_http_creq_t *r);
 
@@ -297,6 +327,10 @@ typedef struct osr_http_client_ops_s {
   void (*release)(osr_http_creq_t *r);
   void (*cancel)(osr_http_creq_t *r);
   void (*close)(osr_http_client_t *c);
+  /* response body pass-through; NULL: not supported */
+  uint64_t (*raw_avail)(osr_http_creq_t *r);
+  osr_sock_t *(*raw_take)(osr_http_creq_t *r, uint64_t n);
+  void (*raw_done)(osr_http_creq_t *r);
 } osr_http_client_ops_t;
 
 /** Base of the protocol-specific client structs (first member `super`). */

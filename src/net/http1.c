@@ -1028,6 +1028,21 @@ static int h1_write(osr_http_req_t *req, const osr_iovec_t *bufs, size_t nbufs, 
   return 0;
 }
 
+/* Response body pass-through (http.h osr_http_raw_body): the caller writes
+ * `len` body bytes to the socket itself (splice(2)); they count as written. */
+static osr_sock_t *h1_raw_body(osr_http_req_t *req, uint64_t len)
+{
+  h1req_t *r = (h1req_t *)req;
+  h1conn_t *c = r->conn;
+  if (!sock_usable(c) || c->req != r || r->write_inflight || r->head_pending || r->end_queued ||
+      r->upgrading || r->chunked || r->no_body || r->resp_cl < 0 ||
+      r->resp_written + len > (uint64_t)r->resp_cl || osr_sock_is_tls(c->sock) ||
+      osr_sock_write_queue_size(c->sock) != 0)
+    return NULL;
+  r->resp_written += len;
+  return c->sock;
+}
+
 static void h1_hold(osr_http_req_t *req)
 {
   h1req_t *r = (h1req_t *)req;
@@ -1113,6 +1128,7 @@ const osr_http_req_ops_t osr__http1_req_ops = {
   .release = h1_release,
   .abort = h1_abort,
   .upgrade = h1_upgrade,
+  .raw_body = h1_raw_body,
 };
 
 /* ---- entry point ------------------------------------------------------------- */

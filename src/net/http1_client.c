@@ -609,6 +609,47 @@ static void c_release(osr_http_creq_t *cr)
   osr_sock_kick(c->sock);
 }
 
+/* ---- response body pass-through ------------------------------------------------ */
+
+static uint64_t c_raw_avail(osr_http_creq_t *cr)
+{
+  h1creq_t *r = (h1creq_t *)cr;
+  h1client_t *c = (h1client_t *)cr->client;
+  if (!r->held || r->in_body_cb || !sock_usable(c) || osr_sock_is_tls(c->sock) ||
+      c->sock->input.len != c->p.held_len)
+    return 0; /* more than the held chunk is buffered: it goes through the parser */
+  uint64_t left = osr__h1p_body_left(&c->p);
+  return left > 1 ? left - 1 : 0;
+}
+
+static osr_sock_t *c_raw_take(osr_http_creq_t *cr, uint64_t n)
+{
+  h1client_t *c = (h1client_t *)cr->client;
+  if (n == 0 || n > c_raw_avail(cr))
+    return NULL;
+  /* As c_release, without reading: the held chunk was written on. */
+  osr_buf_consume(&c->sock->input, c->p.held_len);
+  c->p.held_len = 0;
+  osr__h1p_skip_body(&c->p, n);
+  osr_sock_read_stop(c->sock);
+  return c->sock;
+}
+
+static void c_raw_done(osr_http_creq_t *cr)
+{
+  h1creq_t *r = (h1creq_t *)cr;
+  h1client_t *c = (h1client_t *)cr->client;
+  if (!r->held)
+    return;
+  r->held = 0;
+  if (!sock_usable(c))
+    return;
+  /* The parser is paused on the dropped chunk: resume it (c_release). */
+  c->resume_parser = 1;
+  osr_sock_read_start(c->sock);
+  osr_sock_kick(c->sock);
+}
+
 static void c_cancel(osr_http_creq_t *cr)
 {
   h1creq_t *r = (h1creq_t *)cr;
@@ -649,6 +690,9 @@ static const osr_http_client_ops_t h1_client_ops = {
   .release = c_release,
   .cancel = c_cancel,
   .close = c_close,
+  .raw_avail = c_raw_avail,
+  .raw_take = c_raw_take,
+  .raw_done = c_raw_done,
 };
 
 int osr__http1_client_new(osr_sock_t *s, const osr_http_client_t *base, osr_http_client_t **out)

@@ -637,3 +637,18 @@ int osr__h1p_in_body(const osr_h1p_t *p)
 {
   return p->_begun && p->_head_done;
 }
+
+uint64_t osr__h1p_body_left(const osr_h1p_t *p)
+{
+  if (!osr__h1p_in_body(p) || p->chunked || p->content_length < 0 || p->_failed)
+    return 0;
+  return p->_ll.content_length; /* llhttp counts it down as it consumes */
+}
+
+void osr__h1p_skip_body(osr_h1p_t *p, uint64_t n)
+{
+  if (n >= osr__h1p_body_left(p))
+    return; /* the caller's contract; never complete a message unseen */
+  p->_ll.content_length -= n;
+  p->body_bytes += n;
+}

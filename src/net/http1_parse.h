@@ -166,4 +166,14 @@ int osr__h1p_in_message(const osr_h1p_t *p);
 /** True when the head is complete and the body (if any) is not yet. */
 int osr__h1p_in_body(const osr_h1p_t *p);
 
+/** Bytes of a Content-Length body still to come after those delivered (and
+ *  held); 0 for a chunked or read-until-close body, or outside a body. */
+uint64_t osr__h1p_body_left(const osr_h1p_t *p);
+
+/** The owner took `n` (< osr__h1p_body_left) body bytes off the wire
+ *  itself (splice(2)) between two execute calls: they count as delivered
+ *  and the parser expects only the rest, whose last byte completes the
+ *  message as usual. */
+void osr__h1p_skip_body(osr_h1p_t *p, uint64_t n);
+
 #endif

@@ -103,6 +103,21 @@ void osr_http_creq_release(osr_http_creq_t *r)
   r->client->_ops->release(r);
 }
 
+uint64_t osr_http_creq_raw_avail(osr_http_creq_t *r)
+{
+  return r->client->_ops->raw_avail != NULL ? r->client->_ops->raw_avail(r) : 0;
+}
+
+osr_sock_t *osr_http_creq_raw_take(osr_http_creq_t *r, uint64_t n)
+{
+  return r->client->_ops->raw_take(r, n);
+}
+
+void osr_http_creq_raw_done(osr_http_creq_t *r)
+{
+  r->client->_ops->raw_done(r);
+}
+
 void osr_http_creq_cancel(osr_http_creq_t *r)
 {
   r->client->_ops->cancel(r);

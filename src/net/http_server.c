@@ -210,6 +210,13 @@ int osr_http_send(osr_http_req_t *req, int status, const char *content_type, con
   return rv;
 }
 
+osr_sock_t *osr_http_raw_body(osr_http_req_t *req, uint64_t len)
+{
+  if (!req->_responded || req->_ops->raw_body == NULL)
+    return NULL;
+  return req->_ops->raw_body(req, len);
+}
+
 void osr_http_req_hold(osr_http_req_t *req)
 {
   req->_ops->hold(req);

@@ -48,6 +48,14 @@
 /* Fairness (STYLE 17): bytes one direction moves per wake-up. */
 #define OSR_SPLICE_BURST (1024 * 1024)
 
+/* One direction's pipe, for the relay and the one-way transfer alike. */
+typedef struct spipe_s {
+  int pfd[2];    /* [0] read end, [1] write end; -1 when closed */
+  size_t piped;  /* bytes in the pipe */
+  int eof;       /* the source read EOF */
+  uint64_t left; /* bytes still to take from the source (UINT64_MAX: no bound) */
+} spipe_t;
+
 typedef struct side_s {
   osr_splice_t *sp;
   osr_sock_t *s;
@@ -57,8 +65,7 @@ typedef struct side_s {
   uint64_t copied; /* bytes relayed on the copy path (s -> peer) */
   /* splice(2) path for s -> peer (spliced = 1) */
   int spliced;
-  int pfd[2];   /* the pipe: [0] read end, [1] write end */
-  size_t piped; /* bytes in the pipe */
+  spipe_t pipe;
   int want_out; /* the peer answered EAGAIN: wait for it to be writable */
   /* readiness of s's descriptor (either direction may need it) */
   int dupfd;   /* dup of s's descriptor, polled by `poll`; -1 if none */
@@ -112,13 +119,11 @@ static void on_poll_closed(uv_handle_t *h)
   unref(sd->sp);
 }
 
+static void pipe_close(spipe_t *pp);
+
 static void side_release_splice(side_t *sd)
 {
-  if (sd->pfd[0] >= 0) {
-    close(sd->pfd[0]);
-    close(sd->pfd[1]);
-    sd->pfd[0] = sd->pfd[1] = -1;
-  }
+  pipe_close(&sd->pipe);
   if (sd->polling) {
     sd->polling = 0;
     uv_close((uv_handle_t *)&sd->poll, on_poll_closed);
@@ -167,24 +172,48 @@ static void propagate_eof(side_t *sd)
 
 static void on_poll(uv_poll_t *h, int status, int events);
 
+/* A poll handle on a dup of s's descriptor (*dupfd). 0 or an error, with
+ * nothing left open. */
+static int poll_open(osr_sock_t *s, uv_poll_t *poll, int *dupfd)
+{
+  int fd;
+  /* The socket's own handle (a net/ sibling may look): uv_fileno is the
+   * only way to its descriptor. */
+  if (uv_fileno(&s->_h.handle, &fd) != 0)
+    return OSR_EINVAL;
+  *dupfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (*dupfd < 0)
+    return -errno;
+  if (uv_poll_init(s->loop, poll, *dupfd) != 0) {
+    close(*dupfd);
+    *dupfd = -1;
+    return OSR_EINVAL;
+  }
+  return 0;
+}
+
+/* Stop libuv reading s for good (until osr_sock_read_start): the poll on
+ * the dup reads now. osr_sock_read_stop() alone is a lazy pause (net/sock.c
+ * leaves libuv reading into the input buffer's free tail, which a pooled
+ * read block may provide), and a byte libuv read then would be taken out of
+ * the middle of the spliced stream and never relayed. */
+static void stop_reading(osr_sock_t *s)
+{
+  osr_sock_read_stop(s);
+  if (s->_flags & OSR_SOCK_F_UV_READING) {
+    uv_read_stop(&s->_h.stream);
+    s->_flags &= ~OSR_SOCK_F_UV_READING;
+  }
+}
+
 /* Start polling sd's descriptor (through a dup). Returns 0 or an error. */
 static int ensure_poll(side_t *sd)
 {
   if (sd->polling)
     return 0;
-  int fd;
-  /* The socket's own handle (a net/ sibling may look): uv_fileno is the
-   * only way to its descriptor. */
-  if (uv_fileno(&sd->s->_h.handle, &fd) != 0)
-    return OSR_EINVAL;
-  sd->dupfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (sd->dupfd < 0)
-    return -errno;
-  if (uv_poll_init(sd->s->loop, &sd->poll, sd->dupfd) != 0) {
-    close(sd->dupfd);
-    sd->dupfd = -1;
-    return OSR_EINVAL;
-  }
+  int rv = poll_open(sd->s, &sd->poll, &sd->dupfd);
+  if (rv != 0)
+    return rv;
   sd->poll.data = sd;
   sd->polling = 1;
   sd->pev = 0;
@@ -201,7 +230,7 @@ static void update_poll(side_t *sd)
     return;
   side_t *pd = peer_of(sd);
   int ev = 0;
-  if (sd->spliced && !sd->eof && sd->piped == 0)
+  if (sd->spliced && !sd->pipe.eof && sd->pipe.piped == 0)
     ev |= UV_READABLE;
   if (pd->spliced && pd->want_out)
     ev |= UV_WRITABLE;
@@ -214,61 +243,103 @@ static void update_poll(side_t *sd)
     osr_splice_close(sd->sp);
 }
 
-/* Move bytes sd -> peer until EAGAIN, EOF, an error or the burst cap. */
-static void pump(side_t *sd)
+/* Outcome of one pump of a pipe (pipe_pump). */
+enum { PUMP_IN, PUMP_OUT, PUMP_BURST, PUMP_EOF, PUMP_DONE, PUMP_ERR };
+
+/* Move bytes src -> pipe -> dst until EAGAIN (PUMP_IN: wait for src
+ * readable; PUMP_OUT: for dst writable, src is not read meanwhile), the
+ * burst cap (PUMP_BURST, STYLE 17), src's EOF with the pipe drained
+ * (PUMP_EOF), `left` bytes moved (PUMP_DONE) or an error (PUMP_ERR, errno
+ * set). `left` bounds what is taken from src (UINT64_MAX: unbounded); at
+ * most one pipe of bytes is ever in flight. Shared by the relay and the
+ * one-way transfer. */
+static int pipe_pump(spipe_t *pp, int srcfd, int dstfd)
 {
-  side_t *pd = peer_of(sd);
   size_t moved = 0;
-  while (!sd->sp->dead && moved < OSR_SPLICE_BURST) {
-    if (sd->piped > 0) {
+  while (moved < OSR_SPLICE_BURST) {
+    if (pp->piped > 0) {
       ssize_t n =
-          splice(sd->pfd[0], NULL, pd->dupfd, NULL, sd->piped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+          splice(pp->pfd[0], NULL, dstfd, NULL, pp->piped, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n > 0) {
-        sd->piped -= (size_t)n;
+        pp->piped -= (size_t)n;
         moved += (size_t)n;
         continue;
       }
       if (n < 0 && errno == EINTR)
         continue;
-      if (n < 0 && errno == EAGAIN) {
-        sd->want_out = 1; /* sd stays unpolled for reading: backpressure */
-        break;
-      }
-      osr_splice_close(sd->sp);
-      return;
+      if (n < 0 && errno == EAGAIN)
+        return PUMP_OUT;
+      if (n == 0)
+        errno = EPIPE;
+      return PUMP_ERR;
     }
-    sd->want_out = 0;
-    if (sd->eof) {
-      propagate_eof(sd);
-      break;
-    }
-    ssize_t n = splice(sd->dupfd, NULL, sd->pfd[1], NULL, OSR_SPLICE_PIPE,
-                       SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (pp->left == 0)
+      return PUMP_DONE;
+    if (pp->eof)
+      return PUMP_EOF;
+    size_t want = pp->left < OSR_SPLICE_PIPE ? (size_t)pp->left : OSR_SPLICE_PIPE;
+    ssize_t n = splice(srcfd, NULL, pp->pfd[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (n > 0) {
-      sd->piped = (size_t)n;
+      pp->piped = (size_t)n;
+      if (pp->left != UINT64_MAX)
+        pp->left -= (uint64_t)n;
       continue;
     }
     if (n == 0) {
-      sd->eof = 1;
-      continue; /* propagate it above */
+      pp->eof = 1;
+      continue;
     }
     if (errno == EINTR)
       continue;
     if (errno == EAGAIN)
-      break;
+      return PUMP_IN;
+    return PUMP_ERR;
+  }
+  /* The cap can stop us with bytes still in the pipe (a partial splice to
+   * dst took us over it): then the caller waits for dst writable, or
+   * nothing would wake this direction again (src is polled only with an
+   * empty pipe; the stall fixed in 4e571fe). Level-triggered epoll fires at
+   * once if it is. With an empty pipe src stays polled and wakes us on the
+   * next loop turn if more is waiting. */
+  return pp->piped > 0 ? PUMP_OUT : PUMP_BURST;
+}
+
+/* A pipe for one direction: 0 or -errno. */
+static int pipe_open(spipe_t *pp, uint64_t left)
+{
+  memset(pp, 0, sizeof(*pp));
+  pp->left = left;
+  if (pipe2(pp->pfd, O_NONBLOCK | O_CLOEXEC) != 0) {
+    pp->pfd[0] = pp->pfd[1] = -1;
+    return -errno;
+  }
+  (void)fcntl(pp->pfd[1], F_SETPIPE_SZ, OSR_SPLICE_PIPE); /* best effort */
+  return 0;
+}
+
+static void pipe_close(spipe_t *pp)
+{
+  if (pp->pfd[0] >= 0) {
+    close(pp->pfd[0]);
+    close(pp->pfd[1]);
+    pp->pfd[0] = pp->pfd[1] = -1;
+  }
+}
+
+/* Move bytes sd -> peer until EAGAIN, EOF, an error or the burst cap. */
+static void pump(side_t *sd)
+{
+  side_t *pd = peer_of(sd);
+  int r = pipe_pump(&sd->pipe, sd->dupfd, pd->dupfd);
+  sd->want_out = r == PUMP_OUT; /* sd stays unpolled for reading: backpressure */
+  if (r == PUMP_ERR) {
     osr_splice_close(sd->sp);
     return;
   }
+  if (r == PUMP_EOF)
+    propagate_eof(sd);
   if (sd->sp->dead)
     return;
-  /* The burst cap can stop us with bytes still in the pipe (a partial
-   * splice to dst took us over it): then wait for dst to be writable, or
-   * nothing would ever wake this direction again (the source is polled only
-   * with an empty pipe). Level-triggered epoll fires at once if it is.
-   * After a full burst with an empty pipe the source stays polled and
-   * wakes us on the next loop turn if more is waiting. */
-  if (sd->piped > 0)
-    sd->want_out = 1;
   update_poll(sd);
   update_poll(pd);
 }
@@ -305,28 +376,15 @@ static int should_splice(const side_t *sd)
 static int start_splice(side_t *sd)
 {
   side_t *pd = peer_of(sd);
-  if (pipe2(sd->pfd, O_NONBLOCK | O_CLOEXEC) != 0) {
-    sd->pfd[0] = sd->pfd[1] = -1;
-    return -errno;
-  }
-  (void)fcntl(sd->pfd[1], F_SETPIPE_SZ, OSR_SPLICE_PIPE); /* best effort */
+  int rv = pipe_open(&sd->pipe, UINT64_MAX);
+  if (rv != 0)
+    return rv;
   if (ensure_poll(sd) != 0 || ensure_poll(pd) != 0) {
-    close(sd->pfd[0]);
-    close(sd->pfd[1]);
-    sd->pfd[0] = sd->pfd[1] = -1;
+    pipe_close(&sd->pipe);
     return OSR_EINVAL; /* a poll already set up is released at close */
   }
   sd->spliced = 1;
-  /* For good: the poll on the dup reads now. osr_sock_read_stop() alone is
-   * a lazy pause (net/sock.c leaves libuv reading into the input buffer's
-   * free tail, which a pooled read block may provide), and a byte libuv
-   * read then would be taken out of the middle of the spliced stream and
-   * never relayed; so libuv's reading is stopped outright here. */
-  osr_sock_read_stop(sd->s);
-  if (sd->s->_flags & OSR_SOCK_F_UV_READING) {
-    uv_read_stop(&sd->s->_h.stream);
-    sd->s->_flags &= ~OSR_SOCK_F_UV_READING;
-  }
+  stop_reading(sd->s); /* for good */
   update_poll(sd);
   return 0;
 }
@@ -393,7 +451,7 @@ static void side_on_read(osr_sock_t *s, int status)
 static void side_init(osr_splice_t *sp, side_t *sd)
 {
   sd->sp = sp;
-  sd->pfd[0] = sd->pfd[1] = -1;
+  sd->pipe.pfd[0] = sd->pipe.pfd[1] = -1;
   sd->dupfd = -1;
 }
 
@@ -433,4 +491,151 @@ void osr_splice_attach(osr_sock_t *a, int status, void *arg)
   osr_sock_read_start(a); /* bytes the peer sent right after its request too */
   if (sp->b.s != NULL)
     osr_sock_read_start(sp->b.s);
+}
+
+/* ---- one-way transfer --------------------------------------------------------- */
+
+struct osr_splice_xfer_s {
+  osr_sock_t *src, *dst;
+  spipe_t pipe;
+  uv_poll_t pin, pout; /* readiness of src (readable), dst (writable) */
+  int infd, outfd;     /* the dups they poll */
+  int inev, outev;     /* events they are started with */
+  int handles;         /* poll handles open (the transfer is freed at 0) */
+  int over;            /* finished or cancelled: no callback any more */
+  uint64_t len;
+  osr_splice_xfer_cb cb;
+  void *data;
+};
+
+static void xfer_on_closed(uv_handle_t *h)
+{
+  osr_splice_xfer_t *x = h->data;
+  if (h == (uv_handle_t *)&x->pin) {
+    close(x->infd);
+    x->infd = -1;
+  } else {
+    close(x->outfd);
+    x->outfd = -1;
+  }
+  if (--x->handles == 0)
+    osr_free(x);
+}
+
+/* Stop for good and free once the handles closed (never inside their own
+ * callback: STYLE 19, 20). */
+static void xfer_release(osr_splice_xfer_t *x)
+{
+  x->over = 1;
+  pipe_close(&x->pipe);
+  uv_close((uv_handle_t *)&x->pin, xfer_on_closed);
+  uv_close((uv_handle_t *)&x->pout, xfer_on_closed);
+}
+
+static void xfer_finish(osr_splice_xfer_t *x, int status)
+{
+  x->over = 1;
+  x->cb(x, status, x->data);
+  xfer_release(x);
+}
+
+static void xfer_on_poll(uv_poll_t *h, int status, int events);
+
+static int xfer_set(uv_poll_t *h, int *cur, int ev)
+{
+  if (ev == *cur)
+    return 0;
+  *cur = ev;
+  if (ev == 0)
+    return uv_poll_stop(h);
+  return uv_poll_start(h, ev, xfer_on_poll);
+}
+
+static void xfer_on_poll(uv_poll_t *h, int status, int events)
+{
+  osr_splice_xfer_t *x = h->data;
+  (void)events;
+  if (x->over)
+    return;
+  if (status < 0) {
+    xfer_finish(x, status);
+    return;
+  }
+  int r = pipe_pump(&x->pipe, x->infd, x->outfd);
+  /* Bytes moved past libuv are activity: a slow but moving reader must not
+   * look idle to either socket's idle timer (net/sock.c checks the time of
+   * the last activity when its timer fires). */
+  uint64_t now = uv_now(h->loop);
+  x->src->_last_active = now;
+  x->dst->_last_active = now;
+  if (r == PUMP_DONE) {
+    xfer_finish(x, 0);
+    return;
+  }
+  if (r == PUMP_EOF || r == PUMP_ERR) {
+    xfer_finish(x, r == PUMP_EOF ? OSR_EPROTO : -errno);
+    return;
+  }
+  /* Backpressure: src is polled only while the pipe is empty. */
+  int rv = xfer_set(&x->pin, &x->inev, r == PUMP_OUT ? 0 : UV_READABLE);
+  if (rv == 0)
+    rv = xfer_set(&x->pout, &x->outev, r == PUMP_OUT ? UV_WRITABLE : 0);
+  if (rv != 0)
+    xfer_finish(x, rv);
+}
+
+int osr_splice_is_enabled(void)
+{
+  return splice_enabled();
+}
+
+int osr_splice_xfer_start(osr_sock_t *src, osr_sock_t *dst, uint64_t len, osr_splice_xfer_cb cb,
+                          void *data, osr_splice_xfer_t **out)
+{
+  if (len == 0 || osr_sock_is_tls(src) || osr_sock_is_tls(dst) || src->input.len != 0 ||
+      osr_sock_write_queue_size(dst) != 0 || !splice_enabled())
+    return OSR_EINVAL;
+  osr_splice_xfer_t *x = osr_xcalloc(1, sizeof(*x));
+  x->src = src;
+  x->dst = dst;
+  x->len = len;
+  x->cb = cb;
+  x->data = data;
+  x->infd = x->outfd = -1;
+  int rv = pipe_open(&x->pipe, len);
+  if (rv != 0) {
+    osr_free(x);
+    return rv;
+  }
+  rv = poll_open(src, &x->pin, &x->infd);
+  if (rv != 0) {
+    pipe_close(&x->pipe);
+    osr_free(x);
+    return rv;
+  }
+  x->pin.data = x;
+  x->handles = 1;
+  rv = poll_open(dst, &x->pout, &x->outfd);
+  if (rv == 0) {
+    x->pout.data = x;
+    x->handles = 2;
+    rv = xfer_set(&x->pin, &x->inev, UV_READABLE);
+  }
+  if (rv != 0) {
+    x->over = 1;
+    pipe_close(&x->pipe);
+    uv_close((uv_handle_t *)&x->pin, xfer_on_closed);
+    if (x->handles == 2)
+      uv_close((uv_handle_t *)&x->pout, xfer_on_closed);
+    return rv;
+  }
+  stop_reading(src);
+  *out = x;
+  return 0;
+}
+
+void osr_splice_xfer_cancel(osr_splice_xfer_t *x)
+{
+  if (!x->over)
+    xfer_release(x);
 }
