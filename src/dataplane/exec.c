@@ -106,7 +106,7 @@ struct dp_exec_s {
   int reading_paused;
   /* HTTP stream transport (POST .../exec, docs: "Exec streams") */
   osr_http_req_t *hreq; /* NULL once on_done fired */
-  osr_buf_t hout;       /* the frame being written (until h_written) */
+  osr_buf_t hout;       /* the frame being written (until h_written / ws_written) */
   int hwriting, hend_pending, hend_sent, hheld;
   uint8_t fhdr[4]; /* input frame parser: length prefix, channel, payload */
   size_t fhdr_len;
@@ -489,6 +489,7 @@ static void exec_finish(dp_exec_t *e)
 }
 
 static void h_written(osr_http_req_t *req, int status, void *arg);
+static void ws_written(osr_ws_t *ws, int status, void *arg);
 
 /* End the client side once everything queued before went out: the
  * WebSocket's close (ws.h: a close never overtakes queued messages), or the
@@ -586,13 +587,22 @@ static int out_flush(dp_exec_t *e)
   p[2] = (uint8_t)(n >> 8);
   p[3] = (uint8_t)n;
   int rv;
+  if (e->hwriting)
+    return OSR_EAGAIN;
   if (e->ws != NULL) {
+    /* Written by reference (ws.h osr_ws_sendv): the frame moves to hout
+     * until ws_written, as on the HTTP transport, and no byte of it is
+     * copied again. */
     int text = e->out_pending == 2;
     size_t off = text ? 5 : 4;
-    rv = osr_ws_send(e->ws, text ? OSR_WS_TEXT : OSR_WS_BINARY, p + off, e->out.len - off);
+    osr_iovec_t iov = osr_iov((const char *)p + off, e->out.len - off);
+    osr_buf_swap(&e->out, &e->hout);
+    rv = osr_ws_sendv(e->ws, text ? OSR_WS_TEXT : OSR_WS_BINARY, &iov, 1, ws_written, e);
+    if (rv == 0)
+      e->hwriting = 1;
+    else
+      osr_buf_swap(&e->out, &e->hout); /* kept for on_writable, or dropped below */
   } else {
-    if (e->hwriting)
-      return OSR_EAGAIN;
     /* One write in flight (http.h): the frame moves to hout until its
      * callback, and out is free for the next one. */
     osr_buf_swap(&e->out, &e->hout);
@@ -1233,6 +1243,18 @@ static void on_client_writable(dp_exec_t *e)
   }
   e->busy--;
   exec_maybe_free(e);
+}
+
+/* The WebSocket frame in hout was handed to the socket (or the session
+ * ended: then on_close follows). */
+static void ws_written(osr_ws_t *ws, int status, void *arg)
+{
+  dp_exec_t *e = arg;
+  (void)ws;
+  e->hwriting = 0;
+  e->hout.len = 0;
+  if (status == 0)
+    on_client_writable(e);
 }
 
 static void ws_on_writable(osr_ws_t *ws, void *data)

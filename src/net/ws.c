@@ -132,6 +132,16 @@ struct osr_ws_s {
   osr_buf_t out;       /* filled by wslay's send_cb */
   osr_buf_t inflight;  /* being written */
   int writing;
+  /* osr_ws_sendv: one frame written by reference (header ours, payload the
+   * caller's until dcb), after everything wslay holds */
+  int dpending; /* queued, not yet handed to the socket */
+  int dwriting; /* its write is in flight (writing is set too) */
+  size_t dlen;  /* header + payload bytes */
+  size_t dn;    /* iovecs in diov */
+  osr_iovec_t diov[OSR_WS_SENDV_MAX + 1];
+  uint8_t dhdr[10];
+  osr_ws_sendv_cb dcb;
+  void *darg;
   int want_writable;   /* osr_ws_send returned OSR_EAGAIN */
   int user_paused;     /* osr_ws_read_stop */
   int queue_paused;    /* reading paused because output is over the cap */
@@ -591,7 +601,18 @@ static size_t scan_frames(scan_t *sc, const uint8_t *p, size_t n, int *err)
 
 static size_t queued_bytes(osr_ws_t *ws)
 {
-  return wslay_event_get_queued_msg_length(ws->ctx) + ws->out.len + ws->inflight.len;
+  return wslay_event_get_queued_msg_length(ws->ctx) + ws->out.len + ws->inflight.len +
+         (ws->dpending ? ws->dlen : 0);
+}
+
+/* Messages queued in wslay, or an osr_ws_sendv frame pending or being
+ * written: what a close (ours, or wslay's echo of the peer's) waits for.
+ * The frame in flight counts too: its callback is where a producer that
+ * sends one frame at a time queues the next one, which must not be
+ * overtaken either. */
+static int output_queued(osr_ws_t *ws)
+{
+  return wslay_event_get_queued_msg_count(ws->ctx) != 0 || ws->dpending || ws->dwriting;
 }
 
 static int can_read(const osr_ws_t *ws)
@@ -619,8 +640,8 @@ static ssize_t recv_cb(wslay_event_context_ptr ctx, uint8_t *buf, size_t len, in
 
   if (ws->in != NULL && ws->in->len != 0 && can_read(ws)) {
     /* Over the output cap: stop here until the peer reads (STYLE 14). */
-    ws->close_hold = ws->scan.st == SCAN_B0 && (ws->in->base[ws->in->off] & 0x0f) == 0x8 &&
-                     wslay_event_get_queued_msg_count(ctx) != 0;
+    ws->close_hold =
+        ws->scan.st == SCAN_B0 && (ws->in->base[ws->in->off] & 0x0f) == 0x8 && output_queued(ws);
     if (queued_bytes(ws) >= ws->opts.max_queued) {
       ws->queue_paused = 1;
     } else if (!ws->close_hold) {
@@ -809,6 +830,12 @@ static void final(osr_ws_t *ws)
   if (ws->in_final)
     return;
   ws->in_final = 1;
+  if (ws->dpending) {
+    /* Never handed to the socket (the session ended first); before
+     * on_close, after which the owner may be gone. */
+    ws->dpending = 0;
+    ws->dcb(ws, OSR_ECLOSED, ws->darg);
+  }
   if (!ws->open_failed && !ws->closed_reported) {
     ws->closed_reported = 1;
     if (ws->ev.on_close != NULL) {
@@ -885,12 +912,31 @@ static void on_write(osr_sock_t *s, int status, void *arg);
 
 static void queue_close_if_drained(osr_ws_t *ws)
 {
-  if (!ws->close_wanted || wslay_event_get_queued_msg_count(ws->ctx) != 0)
+  if (!ws->close_wanted || output_queued(ws))
     return;
   ws->close_wanted = 0;
   /* NO_MORE_MSG: the peer's close came first and wslay echoed that one. */
   (void)wslay_event_queue_close(ws->ctx, ws->close_code, (const uint8_t *)ws->close_reason,
                                 ws->close_reason_len);
+}
+
+/* Hand the osr_ws_sendv frame to the socket: wslay holds nothing (no
+ * frame half sent, no message queued before it), so it goes out whole and
+ * in order. Returns 0, or an error after the session was ended. */
+static int direct_write(osr_ws_t *ws)
+{
+  if (!wslay_event_get_write_enabled(ws->ctx))
+    return 0; /* our close went out first: dropped, dcb fires from final() */
+  int rv =
+      ws->sock != NULL ? osr_sock_write(ws->sock, ws->diov, ws->dn, on_write, ws) : OSR_ECLOSED;
+  if (rv != 0) {
+    finish(ws);
+    return rv;
+  }
+  ws->dpending = 0;
+  ws->dwriting = 1;
+  ws->writing = 1;
+  return 0;
 }
 
 /* Move frames from wslay through `out` to the socket. */
@@ -913,8 +959,13 @@ static void flush(osr_ws_t *ws)
         }
       }
     }
-    if (ws->writing || ws->out.len == 0)
+    if (ws->writing)
       break;
+    if (ws->out.len == 0) {
+      if (ws->dpending && !wslay_event_want_write(ws->ctx) && direct_write(ws) != 0)
+        return; /* the session ended */
+      break;
+    }
     if (ws->mem) {
       mem_drain(ws);
       continue; /* memory "writes" complete at once: refill */
@@ -959,6 +1010,11 @@ static void on_write(osr_sock_t *s, int status, void *arg)
 
   ws->writing = 0;
   osr_buf_consume(&ws->inflight, ws->inflight.len);
+  if (ws->dwriting) {
+    /* The caller's payload is ours no longer (ws.h osr_ws_sendv). */
+    ws->dwriting = 0;
+    ws->dcb(ws, status, ws->darg);
+  }
   if (ws->state == WS_FINISHING)
     return;
   if (status != 0) {
@@ -969,7 +1025,7 @@ static void on_write(osr_sock_t *s, int status, void *arg)
     return;
   }
   flush(ws);
-  if (ws->close_hold && wslay_event_get_queued_msg_count(ws->ctx) == 0) {
+  if (ws->close_hold && !output_queued(ws)) {
     ws->close_hold = 0;
     process(ws);
   }
@@ -1067,7 +1123,7 @@ static void process(osr_ws_t *ws)
     if (ws->state >= WS_LINGER || ws->in == NULL)
       return;
     /* A held close can go once our queue was handed to the socket. */
-    if (!ws->close_hold || wslay_event_get_queued_msg_count(ws->ctx) != 0)
+    if (!ws->close_hold || output_queued(ws))
       break;
     ws->close_hold = 0;
   }
@@ -1479,7 +1535,8 @@ int osr_ws_send(osr_ws_t *ws, int op, const void *data, size_t len)
     return OSR_ECLOSED;
   if (op != OSR_WS_TEXT && op != OSR_WS_BINARY)
     return OSR_EINVAL;
-  if (queued_bytes(ws) >= ws->opts.max_queued) {
+  /* Behind a frame of osr_ws_sendv's: wslay would send this one first. */
+  if (queued_bytes(ws) >= ws->opts.max_queued || ws->dpending) {
     ws->want_writable = 1;
     return OSR_EAGAIN;
   }
@@ -1495,6 +1552,56 @@ int osr_ws_send(osr_ws_t *ws, int op, const void *data, size_t len)
     return OSR_ENOMEM;
   if (rv != 0)
     return OSR_ECLOSED;
+  flush(ws);
+  return 0;
+}
+
+int osr_ws_sendv(osr_ws_t *ws, int op, const osr_iovec_t *bufs, size_t nbufs, osr_ws_sendv_cb cb,
+                 void *arg)
+{
+  if (ws->state != WS_OPEN || ws->failing)
+    return OSR_ECLOSED;
+  if (!ws->is_server || ws->mem || nbufs > OSR_WS_SENDV_MAX ||
+      (op != OSR_WS_TEXT && op != OSR_WS_BINARY) || (op == OSR_WS_TEXT && nbufs > 1))
+    return OSR_EINVAL;
+  if (ws->dpending || ws->dwriting)
+    return OSR_EBUSY;
+  if (queued_bytes(ws) >= ws->opts.max_queued) {
+    ws->want_writable = 1;
+    return OSR_EAGAIN;
+  }
+  uint64_t len = 0;
+  for (size_t i = 0; i < nbufs; i++)
+    len += bufs[i].len;
+  if (op == OSR_WS_TEXT && nbufs == 1 && !osr__ws_utf8_valid(bufs[0].base, bufs[0].len))
+    return OSR_EINVAL;
+  /* RFC 6455 5.2: FIN + opcode, no mask (a server's frame), the shortest
+   * length encoding. */
+  uint8_t *h = ws->dhdr;
+  size_t hl = 2;
+  h[0] = (uint8_t)(0x80 | (op == OSR_WS_TEXT ? WSLAY_TEXT_FRAME : WSLAY_BINARY_FRAME));
+  if (len < 126) {
+    h[1] = (uint8_t)len;
+  } else if (len < 65536) {
+    h[1] = 126;
+    h[2] = (uint8_t)(len >> 8);
+    h[3] = (uint8_t)len;
+    hl = 4;
+  } else {
+    h[1] = 127;
+    for (int i = 0; i < 8; i++)
+      h[2 + i] = (uint8_t)(len >> (56 - 8 * i));
+    hl = 10;
+  }
+  ws->diov[0] = osr_iov(ws->dhdr, hl);
+  ws->dn = 1;
+  for (size_t i = 0; i < nbufs; i++)
+    if (bufs[i].len != 0)
+      ws->diov[ws->dn++] = bufs[i];
+  ws->dlen = hl + (size_t)len;
+  ws->dcb = cb;
+  ws->darg = arg;
+  ws->dpending = 1;
   flush(ws);
   return 0;
 }

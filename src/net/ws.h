@@ -15,7 +15,8 @@
  * most opts.max_message bytes, else close 1009; more than opts.max_fragments
  * frames, close 1008). Text messages are checked for valid UTF-8 (close
  * 1007). Pings are answered automatically. Protocol errors close with 1002.
- * osr_ws_send() queues one message (wslay keeps a copy until it is written)
+ * osr_ws_send() queues one message (wslay keeps a copy until it is written;
+ * osr_ws_sendv() writes one by reference instead)
  * and the total queued bytes are capped (opts.max_queued): at or above it
  * osr_ws_send fails with OSR_EAGAIN and on_writable fires once the queue
  * drains below half, so a producer can stop and resume (backpressure). While
@@ -97,6 +98,30 @@ int osr_ws_connect(uv_loop_t *loop, const char *addr, const char *path,
 /** Queue one message (op OSR_WS_TEXT/BINARY). Returns 0, OSR_EAGAIN above
  *  max_queued (see on_writable), OSR_ECLOSED after close started. */
 int osr_ws_send(osr_ws_t *ws, int op, const void *data, size_t len);
+
+/** Most payload pieces one osr_ws_sendv() takes. */
+#define OSR_WS_SENDV_MAX 8
+
+typedef void (*osr_ws_sendv_cb)(osr_ws_t *ws, int status, void *arg);
+
+/**
+ * Send one message as a single frame without copying it (server side): the
+ * frame header is built here and the payload is written straight from
+ * `bufs` (up to OSR_WS_SENDV_MAX pieces, concatenated), after every message
+ * queued before it. Ownership: the payload memory stays the caller's and
+ * must stay valid and unchanged until `cb`; the iovec array itself is
+ * copied. cb fires exactly once, never from inside this call: status 0
+ * when the frame was handed to the socket, or an error when the session
+ * ended first (then always before on_close). One such frame at a time
+ * (OSR_EBUSY while one is outstanding); while it waits, osr_ws_send()
+ * answers OSR_EAGAIN and on_writable follows (the order holds). Counts
+ * towards max_queued like osr_ws_send (OSR_EAGAIN at the cap; cb then does
+ * not fire). OSR_EINVAL on the client side (frames are masked: use
+ * osr_ws_send), for a text message in more than one piece or invalid
+ * UTF-8; OSR_ECLOSED after close started.
+ */
+int osr_ws_sendv(osr_ws_t *ws, int op, const osr_iovec_t *bufs, size_t nbufs, osr_ws_sendv_cb cb,
+                 void *arg);
 
 /** Ping with an optional payload (<= 125 bytes). */
 int osr_ws_ping(osr_ws_t *ws, const void *data, size_t len);

@@ -18,6 +18,9 @@
  *   GET  /ws                        WebSocket echo (subprotocols echo.v1,
  *                                   chat.v2; "close:CODE" closes with CODE;
  *                                   "ping" makes the server ping)
+ *   GET  /wsv                       WebSocket echo, binary through
+ *                                   osr_ws_sendv (3 pieces), text through
+ *                                   osr_ws_send, in order
  *
  * Prints "listening <addr> <port>" per listener and "ready"; SIGTERM/SIGINT
  * drain gracefully ("drained") and exit 0.
@@ -523,6 +526,136 @@ static void route_ws(osr_http_req_t *req)
     osr_free(e); /* osr_ws_accept answered 400/426 itself */
 }
 
+/* ---- /wsv: WebSocket echo through osr_ws_sendv ------------------------------ */
+
+/* Binary messages are echoed with osr_ws_sendv (by reference, in three
+ * pieces), text ones with osr_ws_send (copied), in arrival order: the
+ * order between the two send paths and the frame header of every length
+ * are what the peer checks. Messages wait in a short FIFO (each an owned
+ * copy: on_message's view ends with the call); above WSV_HIGH of them the
+ * session stops reading. */
+#define WSV_HIGH 4
+
+typedef struct wsv_msg_s {
+  struct wsv_msg_s *next;
+  int op;
+  size_t len;
+  char data[];
+} wsv_msg_t;
+
+typedef struct wsv_s {
+  osr_ws_t *ws;
+  wsv_msg_t *head, *tail;
+  size_t n;
+  int inflight; /* head is the frame osr_ws_sendv holds */
+} wsv_t;
+
+static void wsv_pump(wsv_t *v);
+
+static void wsv_pop(wsv_t *v)
+{
+  wsv_msg_t *m = v->head;
+  v->head = m->next;
+  if (v->head == NULL)
+    v->tail = NULL;
+  v->n--;
+  osr_free(m);
+}
+
+static void wsv_free(wsv_t *v)
+{
+  while (v->head != NULL)
+    wsv_pop(v);
+  osr_free(v);
+}
+
+static void wsv_written(osr_ws_t *ws, int status, void *arg)
+{
+  wsv_t *v = arg;
+  (void)ws;
+  v->inflight = 0;
+  wsv_pop(v);
+  if (status == 0)
+    wsv_pump(v);
+}
+
+static void wsv_pump(wsv_t *v)
+{
+  while (v->head != NULL && !v->inflight) {
+    wsv_msg_t *m = v->head;
+    int rv;
+    if (m->op == OSR_WS_BINARY) {
+      size_t a = m->len / 3, b = m->len - m->len / 3;
+      osr_iovec_t iov[3] = {osr_iov(m->data, a), osr_iov(m->data + a, b - a),
+                            osr_iov(m->data + b, m->len - b)};
+      rv = osr_ws_sendv(v->ws, m->op, iov, 3, wsv_written, v);
+      if (rv == 0) {
+        v->inflight = 1;
+        break;
+      }
+    } else {
+      rv = osr_ws_send(v->ws, m->op, m->data, m->len);
+      if (rv == 0) {
+        wsv_pop(v);
+        continue;
+      }
+    }
+    if (rv != OSR_EAGAIN)
+      OSR_LOG_ERROR("testd", "wsv send: %s", osr_strerror(rv));
+    break; /* OSR_EAGAIN: on_writable resumes */
+  }
+  if (v->n < WSV_HIGH / 2)
+    osr_ws_read_start(v->ws);
+}
+
+static void wsv_on_message(osr_ws_t *ws, int op, const osr_iovec_t *msg, void *data)
+{
+  wsv_t *v = data;
+  wsv_msg_t *m = osr_xmalloc(sizeof(*m) + msg->len + 1);
+  m->next = NULL;
+  m->op = op;
+  m->len = msg->len;
+  memcpy(m->data, msg->base, msg->len);
+  if (v->tail != NULL)
+    v->tail->next = m;
+  else
+    v->head = m;
+  v->tail = m;
+  if (++v->n >= WSV_HIGH)
+    osr_ws_read_stop(ws);
+  wsv_pump(v);
+}
+
+static void wsv_on_writable(osr_ws_t *ws, void *data)
+{
+  (void)ws;
+  wsv_pump(data);
+}
+
+static void wsv_on_close(osr_ws_t *ws, int code, const osr_iovec_t *reason, void *data)
+{
+  (void)ws;
+  (void)code;
+  (void)reason;
+  wsv_free(data); /* ws.h: a pending sendv callback fired before this */
+}
+
+static const osr_ws_events_t wsv_events = {
+    .on_message = wsv_on_message,
+    .on_writable = wsv_on_writable,
+    .on_close = wsv_on_close,
+};
+
+static void route_wsv(osr_http_req_t *req)
+{
+  osr_ws_opts_t o;
+  memset(&o, 0, sizeof(o));
+  o.max_message = 16 * 1024 * 1024;
+  wsv_t *v = osr_xcalloc(1, sizeof(*v));
+  if (osr_ws_accept(req, &o, &wsv_events, v, &v->ws) != 0)
+    osr_free(v);
+}
+
 /* ---- dispatch ---------------------------------------------------------------- */
 
 static void on_request(osr_http_req_t *req, void *data)
@@ -552,6 +685,8 @@ static void on_request(osr_http_req_t *req, void *data)
     route_status(req);
   else if (path_is(req, "/ws") && method_is(req, "GET"))
     route_ws(req);
+  else if (path_is(req, "/wsv") && method_is(req, "GET"))
+    route_wsv(req);
   else
     osr_http_send(req, 404, "text/plain", "not found\n", 10);
 }

@@ -232,6 +232,44 @@ class Echo(WsCase):
         self.assertEqual([m["text"] for m in events(evs, "message")], ["after"])
 
 
+class SendV(WsCase):
+    """osr_ws_sendv (frames written by reference, header built by us) against
+    npm ws: osr-testd's /wsv echoes binary messages through it (in three
+    pieces) and text ones through osr_ws_send, so every length encoding
+    (7-bit, 16-bit, 64-bit and their edges) and the order between the two
+    send paths are checked byte-exact by an independent peer."""
+
+    SIZES = [0, 1, 2, 124, 125, 126, 127, 1000, 65534, 65535, 65536, 65537, 70000,
+             (1 << 20) + 3, 8 << 20]
+
+    def test_frame_sizes_byte_exact(self):
+        url = "ws://127.0.0.1:%d/wsv" % self.d.port
+        steps = []
+        for i, n in enumerate(self.SIZES):
+            steps.append({"binary": n, "seed": i + 1})
+            steps.append({"text": "after %d" % n})
+        steps += [{"wait": 2 * len(self.SIZES)}, {"close": [1000, "done"]}]
+        evs = ws_client(url, {"steps": steps})
+        msgs = events(evs, "message")
+        self.assertEqual(len(msgs), 2 * len(self.SIZES), evs[-5:])
+        for i, n in enumerate(self.SIZES):
+            b, t = msgs[2 * i], msgs[2 * i + 1]
+            self.assertEqual((b["type"], b["len"], b["sha"]), ("binary", n, sha(pattern(n, i + 1))), n)
+            self.assertEqual((t["type"], t["text"]), ("text", "after %d" % n))
+        self.assertEqual(events(evs, "close")[0]["code"], 1000)
+
+    def test_close_waits_for_queued_frames(self):
+        """Messages sent right before the client's close are all echoed
+        before the server's close frame (a close never overtakes them)."""
+        url = "ws://127.0.0.1:%d/wsv" % self.d.port
+        steps = [{"binary": 300000, "seed": i + 1} for i in range(6)] + [{"close": [1000, "bye"]}]
+        evs = ws_client(url, {"steps": steps})
+        msgs = events(evs, "message")
+        self.assertEqual([(m["len"], m["sha"]) for m in msgs],
+                         [(300000, sha(pattern(300000, i + 1))) for i in range(6)])
+        self.assertEqual(events(evs, "close")[0]["code"], 1000)
+
+
 class Subprotocol(WsCase):
     def test_server_preference(self):
         evs = ws_client(self.url, {"protocols": ["chat.v2", "echo.v1"], "steps": [{"close": [1000, ""]}]})
