@@ -3,6 +3,11 @@
 interleaved with the same command's stdout pipe read directly, per round.
 
   bench/exec_ab.py BUILD_BEFORE BUILD_AFTER [ROUNDS] [BYTES]
+  bench/exec_ab.py --profile callgrind|strace BUILD [BYTES]
+
+--profile runs osr-dataplane of BUILD under `valgrind --tool=callgrind` or
+`strace -c -f` (the agent runs plain) for one exec stdout of BYTES (default
+64 MiB), then prints its instructions (and per byte) or system calls.
 
 Each build needs src/osr-agent and src/osr-dataplane; dp-mint is taken from
 BUILD_AFTER (or BUILD_BEFORE) tests/integration/dataplane/. The reader is
@@ -10,6 +15,7 @@ exec_stdout() / pipe_stdout() of bench/dataplane_bench.py (a Python loop, the
 same for every path). For instruction counts run the two daemons under
 `valgrind --tool=callgrind` (bench/README.md "Exec streams")."""
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -29,7 +35,7 @@ def find_mint(builds):
     sys.exit("dp-mint not found in either build")
 
 
-def start(build, mint):
+def start(build, mint, wrap=()):
     d = tempfile.mkdtemp(prefix="osr-exec-ab-")
     os.mkdir(os.path.join(d, "keys"))
     subprocess.run([mint, "genkey", os.path.join(d, "keys"), "k1"], check=True,
@@ -42,7 +48,7 @@ def start(build, mint):
     q = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pa = subprocess.Popen([os.path.join(build, "src", "osr-agent"), "--listen", "unix:" + sock,
                            "--log-level", "error"], **q)
-    pd = subprocess.Popen([os.path.join(build, "src", "osr-dataplane"), "--listen",
+    pd = subprocess.Popen(list(wrap) + [os.path.join(build, "src", "osr-dataplane"), "--listen",
                            "127.0.0.1:%d" % port, "--keys-dir", os.path.join(d, "keys"),
                            "--log-level", "error"], **q)
     for _ in range(600):
@@ -60,7 +66,45 @@ def start(build, mint):
     return port, tok, (pa, pd)
 
 
+def profile(tool, build, nbytes):
+    mint = find_mint([build])
+    d = tempfile.mkdtemp(prefix="osr-exec-prof-")
+    out = os.path.join(d, tool + ".out")
+    wrap = (["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out]
+            if tool == "callgrind" else ["strace", "-c", "-f", "-o", out])
+    port, tok, (pa, pd) = start(build, mint, wrap)
+    if tool == "callgrind":
+        time.sleep(3)  # valgrind starts slowly; start() waited for the port already
+    try:
+        mbs = db.exec_stdout(port, "s1", tok, nbytes)
+    finally:
+        dp = db.traced_child(pd.pid) if tool == "strace" else pd.pid
+        os.kill(dp, 15)
+        pd.wait()
+        pa.terminate()
+        pa.wait()
+    print("%d bytes of exec stdout, %.0f MB/s under %s" % (nbytes, mbs, tool))
+    if tool == "callgrind":
+        txt = subprocess.run(["callgrind_annotate", out], capture_output=True, text=True).stdout
+        lines = txt.splitlines()
+        for i, ln in enumerate(lines):
+            if "PROGRAM TOTALS" in ln:
+                ir = int(ln.split()[0].replace(",", ""))
+                print("osr-dataplane: %d instructions, %.2f per byte" % (ir, ir / nbytes))
+                print("\n".join(lines[i + 1:i + 25]))
+                break
+    else:
+        print(open(out).read())
+
+
+def reader_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "--profile":
+        return profile(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 64 << 20)
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     builds = sys.argv[1:3]
@@ -71,12 +115,19 @@ def main():
     res = {}
     try:
         print("load average:", open("/proc/loadavg").read().strip())
+        cpu = {}
         for r in range(rounds):
             res.setdefault("pipe", []).append(db.pipe_stdout(nbytes))
-            for k, (port, tok, _) in paths.items():
+            for k, (port, tok, ps) in paths.items():
+                c0 = [db.cpu_s([p.pid]) for p in ps] + [reader_cpu()]
                 res.setdefault(k, []).append(db.exec_stdout(port, "s1", tok, nbytes))
+                c1 = [db.cpu_s([p.pid]) for p in ps] + [reader_cpu()]
+                cpu.setdefault(k, []).append([b - a for a, b in zip(c0, c1)])
             print("round %d: %s" % (r + 1, ", ".join("%s %.0f MB/s" % (k, v[-1])
                                                       for k, v in res.items())), flush=True)
+            print("  CPU s (agent / data plane / reader): %s" % ", ".join(
+                "%s %s" % (k, " / ".join("%.2f" % x for x in v[-1])) for k, v in cpu.items()),
+                flush=True)
         print("load average:", open("/proc/loadavg").read().strip())
         pm = statistics.median(res["pipe"])
         print("| exec stdout | MB/s | × pipe |\n|---|---|---|")

@@ -637,17 +637,9 @@ static osr_sock_t *c_raw_take(osr_http_creq_t *cr, uint64_t n)
 
 static void c_raw_done(osr_http_creq_t *cr)
 {
-  h1creq_t *r = (h1creq_t *)cr;
-  h1client_t *c = (h1client_t *)cr->client;
-  if (!r->held)
-    return;
-  r->held = 0;
-  if (!sock_usable(c))
-    return;
-  /* The parser is paused on the dropped chunk: resume it (c_release). */
-  c->resume_parser = 1;
-  osr_sock_read_start(c->sock);
-  osr_sock_kick(c->sock);
+  /* The held chunk is already dropped (held_len 0): what is left is
+   * exactly a release, which resumes the paused parser. */
+  c_release(cr);
 }
 
 static void c_cancel(osr_http_creq_t *cr)

@@ -6,7 +6,7 @@ through the real osr-agent and the real osr-dataplane, on the passed socket
 (osr-fd) and on the agent's tunnel (OSR_FDPASS=0).
 
 BodySplice, for each upstream path:
-  - a 96 MiB download read by a slow client (small receive buffer, paused
+  - a 64 MiB download read by a slow client (small receive buffer, paused
     after 1 MiB) is byte-exact; while it is paused the data plane holds a
     pipe (the body is spliced, not copied) and its resident memory grew by
     less than 16 MiB (backpressure: the sandbox is not read ahead);
@@ -21,46 +21,36 @@ BodySplice, for each upstream path:
     byte-exact too, so the pipe check can tell the two paths apart.
 """
 import hashlib
-import http.server
 import os
 import socket
 import sys
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import test_dataplane as tdp  # noqa: E402  (Env, SID, the osrtest path)
 import osrtest  # noqa: E402
-from test_splice import pipes  # noqa: E402
+import test_fdpass as tfp  # noqa: E402
+from test_splice import check_pipes, pipes  # noqa: E402
 
-BIG = os.urandom(1 << 20) * 96
+BIG = tfp.BIG  # 64 MiB
 SHORT_CL = 64 << 20
 SHORT_SENT = 8 << 20
 
 
-class Backend(http.server.BaseHTTPRequestHandler):
-    """GET /big -> BIG; /short -> Content-Length 64 MiB, 8 MiB, close;
-    anything else -> b"ok"."""
-    protocol_version = "HTTP/1.1"
+class Backend(tfp.Backend):
+    """test_fdpass's backend (GET /big -> BIG, /small -> b"ok") plus
+    /short: Content-Length 64 MiB, 8 MiB sent, then the connection closes."""
 
     def do_GET(self):
-        if self.path == "/short":
-            self.send_response(200)
-            self.send_header("Content-Length", str(SHORT_CL))
-            self.end_headers()
-            self.wfile.write(BIG[:SHORT_SENT])
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        body = BIG if self.path == "/big" else b"ok"
+        if self.path != "/short":
+            return super().do_GET()
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(SHORT_CL))
         self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
+        self.wfile.write(BIG[:SHORT_SENT])
+        self.wfile.flush()
+        self.close_connection = True
 
 
 def rss_kib(pid):
@@ -122,16 +112,12 @@ class Reader:
         self.s.close()
 
 
-class BodySplice(unittest.TestCase):
+class BodySplice(unittest.TestCase, tfp.BackendMixin):
     def setUp(self):
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
-        self.bport = self.srv.server_address[1]
-        self.t = threading.Thread(target=self.srv.serve_forever, daemon=True)
-        self.t.start()
+        self.start_backend(Backend)
 
     def tearDown(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+        self.stop_backend()
         os.environ.pop("OSR_SPLICE", None)
         os.environ.pop("OSR_FDPASS", None)
 
@@ -153,17 +139,7 @@ class BodySplice(unittest.TestCase):
         status, cl = c.head()
         self.assertEqual((status, cl), (200, len(BIG)))
         self.assertTrue(c.fill(1 << 20), "closed early")
-        extra = 0
-        for _ in range(50):  # up to 5 s for the splice to start and back up
-            extra = pipes(pid) - base_pipes
-            if extra > 0 or not splice:
-                break
-            time.sleep(0.1)
-        if splice:
-            self.assertGreater(extra, 0, "the body never switched to splice(2)")
-        else:
-            time.sleep(1)
-            self.assertEqual(pipes(pid) - base_pipes, 0, "OSR_SPLICE=0 still spliced")
+        check_pipes(self, pid, base_pipes, splice, "the body")
         time.sleep(0.5)  # let whatever would be read ahead pile up
         grew = rss_kib(pid) - rss0
         self.assertLess(grew, 16 * 1024, "the data plane grew by %d KiB for a paused body" % grew)

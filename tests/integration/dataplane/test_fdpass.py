@@ -187,8 +187,8 @@ def fd_count(pid):
 
 
 class BackendMixin:
-    def start_backend(self):
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    def start_backend(self, handler=Backend):
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.bport = self.srv.server_address[1]
         self.t = threading.Thread(target=self.srv.serve_forever, daemon=True)
         self.t.start()

@@ -66,6 +66,23 @@ def pipes(pid):
     return n
 
 
+def check_pipes(tc, pid, base, splice, what):
+    """With splice on, `pid` comes to hold a pipe more than `base` within
+    5 s (the relay switched while it is backed up); with OSR_SPLICE=0 it
+    holds none more, 1 s later too."""
+    extra = 0
+    for _ in range(50):
+        extra = pipes(pid) - base
+        if extra > 0 or not splice:
+            break
+        time.sleep(0.1)
+    if splice:
+        tc.assertGreater(extra, 0, "%s never switched to splice(2)" % what)
+    else:
+        time.sleep(1)
+        tc.assertEqual(pipes(pid) - base, 0, "OSR_SPLICE=0 still spliced")
+
+
 class Splice(unittest.TestCase):
     def setUp(self):
         # The agent's byte tunnel is what is tested here: without this it
@@ -103,17 +120,7 @@ class Splice(unittest.TestCase):
                 d = s.recv(65536)
                 self.assertTrue(d, "closed early")
                 buf += d
-            extra = 0
-            for _ in range(50):  # up to 5 s for the relay to switch and fill
-                extra = pipes(agent_pid) - base
-                if extra > 0 or not splice:
-                    break
-                time.sleep(0.1)
-            if splice:
-                self.assertGreater(extra, 0, "the agent's relay never switched to splice(2)")
-            else:
-                time.sleep(1)
-                self.assertEqual(pipes(agent_pid) - base, 0, "OSR_SPLICE=0 still spliced")
+            check_pipes(self, agent_pid, base, splice, "the agent's relay")
             s.settimeout(60)
             hl = buf.index(b"\r\n\r\n") + 4
             deadline = time.time() + 120
