@@ -615,7 +615,8 @@ static void wsv_on_message(osr_ws_t *ws, int op, const osr_iovec_t *msg, void *d
   m->next = NULL;
   m->op = op;
   m->len = msg->len;
-  memcpy(m->data, msg->base, msg->len);
+  if (msg->len != 0) /* an empty message may have no base */
+    memcpy(m->data, msg->base, msg->len);
   if (v->tail != NULL)
     v->tail->next = m;
   else
