@@ -5,6 +5,13 @@ interleaved with the same command's stdout pipe read directly, per round.
   bench/exec_ab.py BUILD_BEFORE BUILD_AFTER [ROUNDS] [BYTES]
   bench/exec_ab.py --profile callgrind|strace BUILD [BYTES]
 
+  bench/exec_ab.py --pin BUILD [ROUNDS] [BYTES]
+
+--pin runs BYTES (default 512 MiB) of exec stdout per placement and round:
+osr-agent and osr-dataplane on the same CPU or on different ones (the
+reader on the other), everything on one CPU, unpinned, and the same-CPU
+case with both daemons SCHED_BATCH (chrt -b: a woken task does not preempt
+the running one): the bimodality experiment of bench/README.md.
 --profile runs osr-dataplane of BUILD under `valgrind --tool=callgrind` or
 `strace -c -f` (the agent runs plain) for one exec stdout of BYTES (default
 64 MiB), then prints its instructions (and per byte) or system calls.
@@ -97,12 +104,52 @@ def profile(tool, build, nbytes):
         print(open(out).read())
 
 
+PLACEMENTS = {  # name: (agent CPU, data plane CPU, reader CPU, SCHED_BATCH)
+    "agent+dp same CPU": ("0", "0", {1}, False),
+    "agent, dp apart": ("0", "1", {1}, False),
+    "all on CPU 0": ("0", "0", {0}, False),
+    "unpinned": ("0-1", "0-1", {0, 1}, False),
+    "same CPU, SCHED_BATCH": ("0", "0", {1}, True),
+}
+
+
+def pin(build, rounds, nbytes):
+    mint = find_mint([build])
+    port, tok, (pa, pd) = start(build, mint)
+    res = {k: [] for k in PLACEMENTS}
+    q = dict(stdout=subprocess.DEVNULL, check=True)
+    try:
+        print("load average:", open("/proc/loadavg").read().strip())
+        for r in range(rounds):
+            for k, (ca, cd, cr, batch) in PLACEMENTS.items():
+                for pid, cpu in ((pa.pid, ca), (pd.pid, cd)):
+                    subprocess.run(["taskset", "-pc", cpu, str(pid)], **q)
+                    subprocess.run(["chrt", "-b" if batch else "-o", "-p", "0", str(pid)], **q)
+                os.sched_setaffinity(0, cr)
+                res[k].append(db.exec_stdout(port, "s1", tok, nbytes))
+            print("round %d: %s" % (r + 1, ", ".join("%s %.0f" % (k, v[-1]) for k, v in res.items())),
+                  flush=True)
+        print("load average:", open("/proc/loadavg").read().strip())
+        print("| placement | MB/s (median) | runs |\n|---|---|---|")
+        for k, v in res.items():
+            print("| %s | %.0f | %s |" % (k, statistics.median(v), ", ".join("%.0f" % x for x in v)))
+    finally:
+        os.sched_setaffinity(0, {0, 1})
+        pa.terminate()
+        pd.terminate()
+        pa.wait()
+        pd.wait()
+
+
 def reader_cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
 def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "--pin":
+        return pin(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 3,
+                   int(sys.argv[4]) if len(sys.argv) > 4 else 512 << 20)
     if len(sys.argv) >= 3 and sys.argv[1] == "--profile":
         return profile(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 64 << 20)
     if len(sys.argv) < 3:
