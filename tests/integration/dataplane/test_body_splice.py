@@ -17,6 +17,7 @@ BodySplice, for each upstream path:
   - a response whose server closes mid-body (Content-Length 64 MiB, 8 MiB
     sent) ends the client's connection short instead of hanging, leaks no
     descriptor, and the data plane goes on serving;
+  - a client that closes mid-body stops the splice with nothing leaked;
   - with OSR_SPLICE=0 the same download holds no pipe (the copy path) and is
     byte-exact too, so the pipe check can tell the two paths apart.
 """
@@ -185,6 +186,17 @@ class BodySplice(unittest.TestCase, tfp.BackendMixin):
                     break
                 time.sleep(0.1)
             self.assertLessEqual(fd_count(pid), fds, "descriptors leaked")
+            # The client goes away mid-body: the splice stops, nothing leaks.
+            c = Reader(env.port)
+            c.get(self.big_path(), tok)
+            self.assertEqual(c.head(), (200, len(BIG)))
+            self.assertTrue(c.fill(4 << 20))
+            c.close()
+            for _ in range(50):
+                if fd_count(pid) <= fds:
+                    break
+                time.sleep(0.1)
+            self.assertLessEqual(fd_count(pid), fds, "descriptors leaked after the client left")
             r, data = env.request("GET", self.big_path("small"), {"X-Access-Token": tok})
             self.assertEqual((r.status, data), (200, b"ok"))
         finally:
