@@ -349,17 +349,71 @@ static void test_responses(void **state)
   osr__h1p_dispose(&p);
 }
 
+/* osr__h1p_body_left / osr__h1p_skip_body, as the HTTP/1.1 client's body
+ * pass-through uses them: a held chunk, bytes taken off the wire unseen,
+ * then the rest (the last byte) completes the message, and the next
+ * response on the connection parses normally. */
+static void test_skip_body(void **state)
+{
+  (void)state;
+  osr_http_limits_t l = limits();
+  osr_h1p_t p;
+  rec_t r;
+  memset(&r, 0, sizeof(r));
+  r.hold_every = 1;
+  osr__h1p_init(&p, 0, &l, 0, &ev, &r);
+  assert_int_equal(osr__h1p_body_left(&p), 0); /* outside a message */
+  const char *s = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc";
+  size_t c;
+  assert_int_equal(osr__h1p_execute(&p, s, strlen(s), &c), OSR_H1P_HELD);
+  assert_int_equal(p.held_len, 3);
+  assert_int_equal(osr__h1p_body_left(&p), 7); /* after the held chunk */
+  osr__h1p_skip_body(&p, 7);                   /* all of it: refused */
+  assert_int_equal(osr__h1p_body_left(&p), 7);
+  osr__h1p_skip_body(&p, 6); /* "defghi" went past the parser */
+  assert_int_equal(osr__h1p_body_left(&p), 1);
+  assert_int_equal(p.body_bytes, 9);
+  r.hold_every = 0;
+  size_t c2;
+  assert_int_equal(osr__h1p_execute(&p, "", 0, &c2), OSR_H1P_DONE); /* resume after the hold */
+  assert_int_equal(r.completes, 0);
+  const char *rest = "jHTTP/1.1 204 No Content\r\n\r\n";
+  assert_int_equal(feed(&p, rest, 0), OSR_H1P_DONE);
+  assert_int_equal(r.completes, 2);
+  assert_int_equal(r.body_len, 4); /* "abc" + "j": the skipped bytes were never delivered */
+  assert_memory_equal(r.body, "abcj", 4);
+  assert_int_equal(osr__h1p_body_left(&p), 0);
+  osr__h1p_dispose(&p);
+
+  /* Chunked and read-until-close bodies have no known rest. */
+  memset(&r, 0, sizeof(r));
+  r.hold_every = 1;
+  osr__h1p_init(&p, 0, &l, 0, &ev, &r);
+  s = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+  assert_int_equal(osr__h1p_execute(&p, s, strlen(s), &c), OSR_H1P_HELD);
+  assert_int_equal(osr__h1p_body_left(&p), 0);
+  osr__h1p_dispose(&p);
+  memset(&r, 0, sizeof(r));
+  r.hold_every = 1;
+  osr__h1p_init(&p, 0, &l, 0, &ev, &r);
+  s = "HTTP/1.1 200 OK\r\n\r\nuntil close";
+  assert_int_equal(osr__h1p_execute(&p, s, strlen(s), &c), OSR_H1P_HELD);
+  assert_int_equal(osr__h1p_body_left(&p), 0);
+  osr__h1p_dispose(&p);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_valid_and_pipelined),
-    cmocka_unit_test(test_header_names_lowercase),
-    cmocka_unit_test(test_many_headers_and_trim),
-    cmocka_unit_test(test_caps),
-    cmocka_unit_test(test_smuggling_and_syntax),
-    cmocka_unit_test(test_failed_stays_failed),
-    cmocka_unit_test(test_hold_position),
-    cmocka_unit_test(test_responses),
+      cmocka_unit_test(test_valid_and_pipelined),
+      cmocka_unit_test(test_header_names_lowercase),
+      cmocka_unit_test(test_many_headers_and_trim),
+      cmocka_unit_test(test_caps),
+      cmocka_unit_test(test_smuggling_and_syntax),
+      cmocka_unit_test(test_failed_stays_failed),
+      cmocka_unit_test(test_hold_position),
+      cmocka_unit_test(test_responses),
+      cmocka_unit_test(test_skip_body),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
