@@ -81,7 +81,9 @@ struct dp_exec_s {
   size_t in_len;
   int holding;
   osr_buf_t out; /* one WebSocket message: channel byte + payload */
-  int out_pending;
+  int out_pending; /* 1 binary / 2 text in out; 3: sent by reference (on_data) */
+  int in_place;    /* the frame being handled lies in the held chunk (pump) */
+  char och;        /* channel byte of a message sent by reference */
   int64_t pid;     /* -1 until the start event */
   uint64_t offset; /* output bytes seen (absolute, the agent's numbering) */
   int ended;       /* the status is decided: no more output */
@@ -571,6 +573,8 @@ static int out_flush(dp_exec_t *e)
 {
   if (!e->out_pending)
     return 0;
+  if (e->out_pending == 3)
+    return OSR_EAGAIN; /* ws_written ends it */
   if (client_gone(e) || e->closing_ws || e->out.len < 5) {
     e->out_pending = 0;
     e->out.len = 0;
@@ -740,9 +744,9 @@ static void on_start_event(dp_exec_t *e, const osr_pe_t *ev)
   ops_kick(e);
 }
 
-/* A data event: its raw output into one channel message. This copy (from
- * the envelope into the client's frame, behind the channel byte) is the
- * only one exec.c makes per output byte. */
+/* A data event: its raw output into one channel message, written by
+ * reference from the parser's buffer when the envelope was assembled there,
+ * else copied once (behind the channel byte) into the client's frame. */
 static void on_data(dp_exec_t *e, const osr_pe_t *ev)
 {
   int ch;
@@ -755,6 +759,26 @@ static void on_data(dp_exec_t *e, const osr_pe_t *ev)
   e->offset += ev->data.len;
   if (ch == 0 || ev->data.len == 0)
     return;
+  if (e->ws != NULL && !e->in_place && !e->hwriting && !e->closing_ws) {
+    /* The envelope was assembled in the parser's buffer, which stays put
+     * until the pump parses again, and the pump waits for ws_written
+     * (out_pending 3): the WebSocket writes the payload from there, so no
+     * byte of it is copied here either. A chunk of the agent connection
+     * (in_place) can go away with that connection, so it is copied. */
+    e->och = (char)ch;
+    osr_iovec_t iov[2] = {osr_iov(&e->och, 1), ev->data};
+    int rv = osr_ws_sendv(e->ws, OSR_WS_BINARY, iov, 2, ws_written, e);
+    if (rv == 0) {
+      e->hwriting = 1;
+      e->out_pending = 3;
+      return;
+    }
+    if (rv != OSR_EAGAIN) {
+      OSR_LOG_DEBUG(MOD, "exec %s: send to client: %s", e->sid, osr_strerror(rv));
+      return; /* as out_flush: the client is going away */
+    }
+    /* Over the queue cap: copied and kept for on_writable below. */
+  }
   out_begin(e, ch);
   if (osr_buf_append(&e->out, ev->data.base, ev->data.len) != 0) {
     send_failure(e, 500, "InternalError", "output frame too large");
@@ -820,7 +844,9 @@ static void pump(dp_exec_t *e)
         m.len = n;
         e->in += OSR_CX_HEADER_LEN + n;
         e->in_len -= OSR_CX_HEADER_LEN + n;
+        e->in_place = 1;
         on_frame(e, &m);
+        e->in_place = 0;
         continue;
       }
     }
@@ -1253,6 +1279,8 @@ static void ws_written(osr_ws_t *ws, int status, void *arg)
   (void)ws;
   e->hwriting = 0;
   e->hout.len = 0;
+  if (e->out_pending == 3)
+    e->out_pending = 0; /* the parser's buffer is free again */
   if (status == 0)
     on_client_writable(e);
 }
