@@ -122,6 +122,14 @@ class BodySplice(unittest.TestCase, tfp.BackendMixin):
         os.environ.pop("OSR_SPLICE", None)
         os.environ.pop("OSR_FDPASS", None)
 
+    def wait_fds(self, pid, fds, why):
+        """Up to 5 s for pid to hold at most fds descriptors again."""
+        for _ in range(50):
+            if fd_count(pid) <= fds:
+                break
+            time.sleep(0.1)
+        self.assertLessEqual(fd_count(pid), fds, why)
+
     def big_path(self, name="big"):
         return "/sbx/%s/%d/%s" % (tdp.SID, self.bport, name)
 
@@ -181,22 +189,14 @@ class BodySplice(unittest.TestCase, tfp.BackendMixin):
             self.assertEqual(len(data), SHORT_SENT)
             self.assertEqual(data, BIG[:SHORT_SENT])
             c.close()
-            for _ in range(50):
-                if fd_count(pid) <= fds:
-                    break
-                time.sleep(0.1)
-            self.assertLessEqual(fd_count(pid), fds, "descriptors leaked")
+            self.wait_fds(pid, fds, "descriptors leaked")
             # The client goes away mid-body: the splice stops, nothing leaks.
             c = Reader(env.port)
             c.get(self.big_path(), tok)
             self.assertEqual(c.head(), (200, len(BIG)))
             self.assertTrue(c.fill(4 << 20))
             c.close()
-            for _ in range(50):
-                if fd_count(pid) <= fds:
-                    break
-                time.sleep(0.1)
-            self.assertLessEqual(fd_count(pid), fds, "descriptors leaked after the client left")
+            self.wait_fds(pid, fds, "descriptors leaked after the client left")
             r, data = env.request("GET", self.big_path("small"), {"X-Access-Token": tok})
             self.assertEqual((r.status, data), (200, b"ok"))
         finally:
