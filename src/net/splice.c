@@ -29,6 +29,11 @@
  *     (shutdown of dst's write side).
  * The dups keep the sockets' file descriptions open, so they are closed
  * (after their poll handles) whenever the splice closes.
+ *
+ * The one-way transfer (osr_splice_xfer_t, the data plane's response
+ * bodies) is the same pump bounded to a byte count: pipe_pump() serves
+ * both, with a poll on a dup of each socket. It starts on the splice path
+ * at once (its caller decided the body is bulk) and owns neither socket.
  */
 #include "net/splice.h"
 
@@ -503,7 +508,6 @@ struct osr_splice_xfer_s {
   int inev, outev;     /* events they are started with */
   int handles;         /* poll handles open (the transfer is freed at 0) */
   int over;            /* finished or cancelled: no callback any more */
-  uint64_t len;
   osr_splice_xfer_cb cb;
   void *data;
 };
@@ -598,7 +602,6 @@ int osr_splice_xfer_start(osr_sock_t *src, osr_sock_t *dst, uint64_t len, osr_sp
   osr_splice_xfer_t *x = osr_xcalloc(1, sizeof(*x));
   x->src = src;
   x->dst = dst;
-  x->len = len;
   x->cb = cb;
   x->data = data;
   x->infd = x->outfd = -1;
