@@ -218,7 +218,15 @@ class FdPass(unittest.TestCase, BackendMixin):
             d = s.recv(65536)
             self.assertTrue(d, "closed early")
             buf += d
-        who = holders(self.bport, {"agent": env.agent.p.pid, "dataplane": env.dp.p.pid})
+        # The agent closes its copy of a passed socket right after sending
+        # it; on a loaded machine the body can be this far before it ran:
+        # give it up to 2 s to settle on one holder.
+        pids = {"agent": env.agent.p.pid, "dataplane": env.dp.p.pid}
+        for _ in range(20):
+            who = holders(self.bport, pids)
+            if len(who) == 1:
+                break
+            time.sleep(0.1)
         hl = buf.index(b"\r\n\r\n") + 4
         self.assertIn(b" 200 ", bytes(buf[:hl]))
         deadline = time.time() + 180
