@@ -181,6 +181,7 @@ struct lp_s {
   char bwrap_path[L_PATH];
   char runsc_path[L_PATH];
   char runsc_platform[32];
+  char cgroup_parent[OSR__LCG_PATH]; /* "" = choose (osr__lcg_probe) */
   unsigned iso_mask;
   uint32_t mem_default, mem_max, vcpus_default, vcpus_max, pids_max, disk_mib;
   uint32_t uid_base;
@@ -812,8 +813,8 @@ static int write_bundle(const lop_t *op)
   MNT("/proc", "proc", "proc", "nosuid", "noexec");
   MNT("/dev", "tmpfs", "tmpfs", "nosuid", "mode=755");
 #undef MNT
-  char cgpath[128];
-  fmt(cgpath, sizeof(cgpath), "/osr/%s", sb->id);
+  char cgpath[OSR__LCG_PATH + 48];
+  osr__lcg_cgroups_path(&lp->cg, sb->id, cgpath, sizeof(cgpath));
   json_t *res = json_pack("{s:{s:I}, s:{s:I}, s:{s:I, s:I}}", "memory", "limit",
                           (json_int_t)sb->mem_mib << 20, "pids", "limit", (json_int_t)sb->pids_max,
                           "cpu", "quota", (json_int_t)sb->vcpus * 100000, "period",
@@ -1936,6 +1937,8 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
       (rv = cfg_str(config, "runsc_path", lp->runsc_path, sizeof(lp->runsc_path), err, errlen)) ||
       (rv = cfg_str(config, "runsc_platform", lp->runsc_platform, sizeof(lp->runsc_platform), err,
                     errlen)) ||
+      (rv = cfg_str(config, "cgroup_parent", lp->cgroup_parent, sizeof(lp->cgroup_parent), err,
+                    errlen)) ||
       (rv = cfg_u32(config, "vcpus", &lp->vcpus_default, 1, 64, err, errlen)) ||
       (rv = cfg_u32(config, "max_vcpus", &lp->vcpus_max, 1, 64, err, errlen)) ||
       (rv = cfg_u32(config, "pids_max", &lp->pids_max, 16, 1u << 20, err, errlen)) ||
@@ -2021,10 +2024,29 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
   lp->pools[0].iso = OSR_ISO_CONTAINER;
   lp->pools[1].iso = OSR_ISO_GVISOR;
 
-  osr__lcg_probe(&lp->cg);
-  char limits[256];
+  /* The cgroup parent: the key, else $OSR_LOCAL_CGROUP_PARENT (which
+   * available() and so `osr doctor` see too), else chosen by the probe.
+   * Setting it up moves this process into a leaf when its own cgroup is
+   * delegated to it: small cgroupfs writes, once, before the loop runs. */
+  if (lp->cgroup_parent[0] == '\0' && getenv("OSR_LOCAL_CGROUP_PARENT") != NULL)
+    cpy(lp->cgroup_parent, sizeof(lp->cgroup_parent), getenv("OSR_LOCAL_CGROUP_PARENT"));
+  if (osr__lcg_probe(&lp->cg, lp->cgroup_parent) != 0) {
+    fmt(err, errlen, "key 'cgroup_parent': '%s' is not a cgroup path like /osr or "
+        "/system.slice/osr.service/sandboxes", lp->cgroup_parent);
+    rv = OSR_EINVAL;
+    goto out;
+  }
+  osr__lcg_setup(&lp->cg);
+  char limits[1024];
   OSR_LOG_INFO(MOD, "provider '%s': container limits by %s", p->name,
                osr__lcg_describe(&lp->cg, limits, sizeof(limits)));
+  if (lp->cg.v2_host && lp->cg.mode == OSR__LCG_NONE && (lp->iso_mask & (1u << OSR_ISO_GVISOR))) {
+    /* runsc would enable the same controllers on the same way down and
+     * fail the same way: not a class we can offer with its limits. */
+    lp->iso_mask &= ~(1u << OSR_ISO_GVISOR);
+    OSR_LOG_WARN(MOD, "provider '%s': gvisor class off: runsc cannot get a cgroup with limits "
+                 "here (%s)", p->name, lp->cg.note);
+  }
   lp->can_mount = geteuid() == 0;
   lp->bpf_len = osr__local_seccomp_bpf(lp->bpf, sizeof(lp->bpf));
   if (lp->bpf_len == 0) {
@@ -2523,8 +2545,12 @@ static int probe_run(char *const argv[], int timeout_ms)
 static int available_ok(char *why, size_t whylen)
 {
   osr__lcg_t cg;
-  char limits[200];
-  osr__lcg_probe(&cg);
+  char limits[1024];
+  /* Read-only: what init would choose with no cgroup_parent key. */
+  if (osr__lcg_probe(&cg, getenv("OSR_LOCAL_CGROUP_PARENT")) != 0) {
+    fmt(why, whylen, "OSR_LOCAL_CGROUP_PARENT is not a cgroup path");
+    return 0;
+  }
   fmt(why, whylen, "container limits by %s", osr__lcg_describe(&cg, limits, sizeof(limits)));
   return 1;
 }

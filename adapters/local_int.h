@@ -30,16 +30,24 @@ size_t osr__local_seccomp_bpf(void *out, size_t cap);
 typedef enum osr__lcg_mode_e {
   OSR__LCG_NONE = 0, /**< no usable cgroup: rlimits only (prlimit --as, --nproc) */
   OSR__LCG_V1 = 1,   /**< per-controller hierarchies /sys/fs/cgroup/<ctrl>/osr/<id> */
-  OSR__LCG_V2 = 2,   /**< the unified hierarchy /sys/fs/cgroup/osr/<id> */
+  OSR__LCG_V2 = 2,   /**< the unified hierarchy /sys/fs/cgroup<parent>/<id> */
 } osr__lcg_mode_t;
 
-/** What the host offers, probed once by osr__lcg_probe(). Each flag says a
- *  limit is really enforced by a cgroup; a limit without its flag falls back
- *  to an rlimit (memory, pids) or is not enforced (cpu), and pause needs
- *  `freezer`. */
+/** Bytes of a cgroup path below the mount (`cgroup_parent`), NUL included. */
+#define OSR__LCG_PATH 256
+
+/** What the host offers, probed by osr__lcg_probe() and made real by
+ *  osr__lcg_setup(). Each flag says a limit is really enforced by a cgroup;
+ *  a limit without its flag falls back to an rlimit (memory, pids) or is not
+ *  enforced (cpu), and pause needs `freezer`. */
 typedef struct osr__lcg_s {
   osr__lcg_mode_t mode;
   int mem, pids, cpu, freezer;
+  int v2_host;   /**< /sys/fs/cgroup is cgroup2 (even when `mode` fell back to NONE) */
+  int delegated; /**< v2: our own cgroup is ours to divide: we live in `leaf` */
+  char parent[OSR__LCG_PATH]; /**< the sandboxes' parent below the mount ("/osr") */
+  char leaf[OSR__LCG_PATH];   /**< delegated: our own processes' group, "<own>/gateway" */
+  char note[640]; /**< why this parent, and why limits fell back ("" = nothing to add) */
 } osr__lcg_t;
 
 /** The limits of one sandbox's cgroup. */
@@ -54,21 +62,42 @@ typedef struct osr__lcg_limits_s {
  * Find out how limits can be enforced here: the unified hierarchy when
  * /sys/fs/cgroup is a cgroup2 mount (controllers from its cgroup.controllers,
  * cgroup.freeze from kernel 5.2), else the v1 controllers memory, pids, cpu,
- * freezer mounted writable under /sys/fs/cgroup/<ctrl>. Reads only (access,
- * statfs, one small file): called once at provider init.
+ * freezer mounted writable under /sys/fs/cgroup/<ctrl>.
+ *
+ * v2 parent: `parent` (a cgroup path such as "/system.slice/osr.service/
+ * sandboxes", a leading /sys/fs/cgroup is dropped) when non-NULL and
+ * non-empty; else "<own>/sandboxes" when our own cgroup (/proc/self/cgroup)
+ * is not the root, is writable and either holds no other process or carries
+ * systemd's delegate xattr; else "/osr". When some existing group on the
+ * way down to the parent lacks a controller and holds processes (which the
+ * kernel's "no internal processes" rule makes unfixable from here), the
+ * mode falls back to NONE (rlimits) and `note` says why. v1 ignores
+ * `parent` (noted). Reads only: safe for available() and `osr doctor`.
+ * Returns 0, or OSR_EINVAL when `parent` is not a valid cgroup path.
  */
-void osr__lcg_probe(osr__lcg_t *cg);
+int osr__lcg_probe(osr__lcg_t *cg, const char *parent);
+
+/**
+ * Make the probed v2 plan real (provider init, blocking but brief): move
+ * every process of a delegated cgroup into its leaf, create the groups down
+ * to the parent and enable the controllers on each level. What the parent
+ * really got enabled decides `mem`, `pids`, `cpu`; a refusal is added to
+ * `note`, and nothing enabled at all means mode NONE (rlimits). No-op
+ * unless mode is V2.
+ */
+void osr__lcg_setup(osr__lcg_t *cg);
 
 /** One line naming what enforces each limit, e.g. "cgroup v2: memory.max,
- *  memory.swap.max, pids.max, cpu.max, cgroup.freeze". Returns `buf`. */
+ *  ..., pause cgroup.freeze; sandboxes in /sys/fs/cgroup/osr", then the
+ *  note if any. Returns `buf`. */
 const char *osr__lcg_describe(const osr__lcg_t *cg, char *buf, size_t len);
 
 /**
  * Create sandbox `id`'s cgroup(s) with `lim` (worker thread: blocking file
  * system work). v1: one group per controller under <ctrl>/osr/, its
  * cgroup.procs chowned to `uid` so the unprivileged wrapper can join it.
- * v2: the parent /sys/fs/cgroup/osr is created with memory, pids and cpu
- * enabled in its cgroup.subtree_control (and in the root's), and never holds
+ * v2: the parent (see osr__lcg_probe) is created if missing with memory,
+ * pids and cpu enabled in its cgroup.subtree_control, and never holds
  * a process itself (the "no internal processes" rule); the sandbox group
  * gets memory.max, memory.swap.max = 0, pids.max and cpu.max, all root's.
  * Returns 0 or -errno. On error, osr__lcg_remove() undoes what was made.
@@ -76,8 +105,9 @@ const char *osr__lcg_describe(const osr__lcg_t *cg, char *buf, size_t len);
 int osr__lcg_create(const osr__lcg_t *cg, const char *id, const osr__lcg_limits_t *lim, uid_t uid);
 
 /** The common parent of every sandbox's group, for runsc (gvisor class),
- *  which creates its own group from config.json's cgroupsPath: v2 creates
- *  /sys/fs/cgroup/osr with the controllers enabled for its children, so
+ *  which creates its own group from config.json's cgroupsPath
+ *  (<parent>/<id>, osr__lcg_cgroups_path): v2 makes sure the parent exists
+ *  with the controllers enabled for its children, so
  *  runsc's group has memory, pids and cpu files to write; v1 does nothing
  *  (runsc creates the per-controller directories itself).
  *  Worker thread. Returns 0 or -errno. */
@@ -91,6 +121,9 @@ int osr__lcg_parent(const osr__lcg_t *cg);
  */
 size_t osr__lcg_procs_files(const osr__lcg_t *cg, const char *id, char *out, size_t len,
                             size_t max);
+
+/** runsc's cgroupsPath for sandbox `id`: "<parent>/<id>" (v1: "/osr/<id>"). */
+void osr__lcg_cgroups_path(const osr__lcg_t *cg, const char *id, char *out, size_t len);
 
 /** Freeze (`on` = 1) or thaw sandbox `id` and wait, bounded, until the
  *  kernel says it is done (v2: "frozen 1|0" in cgroup.events). Worker
