@@ -351,8 +351,14 @@ static int v2_choose(osr__lcg_t *cg, const char *want)
     /* The (namespace) root: keep to a group of our own next to the rest. */
   } else if (!ours) {
     snprintf(cg->note, sizeof(cg->note), "own cgroup %s is not delegated (not writable)", base);
+  } else if (!marked && access("/run/systemd/system", F_OK) == 0) {
+    /* Under systemd a unit's group is systemd's unless the unit says
+     * Delegate=yes (and then systemd marks it): root may write it, but
+     * systemd would not expect our groups in it. */
+    snprintf(cg->note, sizeof(cg->note),
+             "own cgroup %s is not delegated (systemd, no Delegate=yes)", base);
   } else if (others > 0 && !marked) {
-    /* e.g. a login session's scope: its shell is not ours to move. */
+    /* e.g. a shell's group: the other processes are not ours to move. */
     snprintf(cg->note, sizeof(cg->note),
              "own cgroup %s is not delegated (%d other process(es), no delegate mark)", base,
              others);

@@ -305,6 +305,11 @@ class Guest(test_local.Base):
         self.addCleanup(lambda: self.assertEqual(remove_tree("/test.slice"), []))
         os.makedirs(CG + svc)
         cgwrite("/test.slice", "cgroup.subtree_control", "+memory +pids +cpu")
+        # systemd's delegate mark, and a second process of the unit (a
+        # wrapper): with the mark both are the service's, and both move.
+        os.setxattr(CG + svc, "trusted.delegate", b"1")
+        wrapper = subprocess.Popen(["sleep", "600"], preexec_fn=lambda: join(svc))
+        self.addCleanup(lambda: (wrapper.kill(), wrapper.wait()))
         d, log = self.driver_in(svc, pids_max=64)
         sb = self.limits_hold(d, svc + "/sandboxes")
         self.assertIn("sandboxes in /sys/fs/cgroup%s/sandboxes; delegated cgroup %s, this "
@@ -315,6 +320,9 @@ class Guest(test_local.Base):
             self.assertEqual(f.read().strip(), "0::%s/gateway" % svc)
         with open(CG + svc + "/cgroup.procs") as f:
             self.assertEqual(f.read(), "")
+        with open(CG + svc + "/gateway/cgroup.procs") as f:
+            self.assertEqual(sorted(int(p) for p in f.read().split()),
+                             sorted([d.p.pid, wrapper.pid]))
         self.assertTrue({"memory", "pids", "cpu"} <=
                         set(open(CG + svc + "/cgroup.subtree_control").read().split()))
         self.assertFalse(os.path.exists(CG + "/osr/" + sb.id))
