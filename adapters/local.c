@@ -2031,8 +2031,10 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
   if (lp->cgroup_parent[0] == '\0' && getenv("OSR_LOCAL_CGROUP_PARENT") != NULL)
     cpy(lp->cgroup_parent, sizeof(lp->cgroup_parent), getenv("OSR_LOCAL_CGROUP_PARENT"));
   if (osr__lcg_probe(&lp->cg, lp->cgroup_parent) != 0) {
-    fmt(err, errlen, "key 'cgroup_parent': '%s' is not a cgroup path like /osr or "
-        "/system.slice/osr.service/sandboxes", lp->cgroup_parent);
+    fmt(err, errlen,
+        "key 'cgroup_parent': '%s' is not a cgroup path like /osr or "
+        "/system.slice/osr.service/sandboxes",
+        lp->cgroup_parent);
     rv = OSR_EINVAL;
     goto out;
   }
@@ -2044,8 +2046,10 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
     /* runsc would enable the same controllers on the same way down and
      * fail the same way: not a class we can offer with its limits. */
     lp->iso_mask &= ~(1u << OSR_ISO_GVISOR);
-    OSR_LOG_WARN(MOD, "provider '%s': gvisor class off: runsc cannot get a cgroup with limits "
-                 "here (%s)", p->name, lp->cg.note);
+    OSR_LOG_WARN(MOD,
+                 "provider '%s': gvisor class off: runsc cannot get a cgroup with limits "
+                 "here (%s)",
+                 p->name, lp->cg.note);
   }
   lp->can_mount = geteuid() == 0;
   lp->bpf_len = osr__local_seccomp_bpf(lp->bpf, sizeof(lp->bpf));
@@ -2550,6 +2554,11 @@ static int available_ok(char *why, size_t whylen)
   if (osr__lcg_probe(&cg, getenv("OSR_LOCAL_CGROUP_PARENT")) != 0) {
     fmt(why, whylen, "OSR_LOCAL_CGROUP_PARENT is not a cgroup path");
     return 0;
+  }
+  if (cg.v2_host && cg.mode == OSR__LCG_NONE) {
+    /* The reason first: doctor's line is short, and it is what to fix. */
+    fmt(why, whylen, "container limits by rlimits, not cgroup v2: %s", cg.note);
+    return 1;
   }
   fmt(why, whylen, "container limits by %s", osr__lcg_describe(&cg, limits, sizeof(limits)));
   return 1;

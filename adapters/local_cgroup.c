@@ -48,9 +48,9 @@
 #define CG_WAIT_MS 5000
 /* The v2 parent where nothing else says otherwise, and the two children
  * of a delegated cgroup: the sandboxes' parent and our own leaf. */
-#define CG_DEFAULT "/osr"
+#define CG_DEFAULT   "/osr"
 #define CG_SANDBOXES "sandboxes"
-#define CG_LEAF "gateway"
+#define CG_LEAF      "gateway"
 
 static const char *const v1_ctrl[] = {"memory", "pids", "cpu", "freezer"};
 
@@ -63,8 +63,8 @@ static int v1_on(const osr__lcg_t *cg, int i)
 /* <root>[/<ctrl>]<parent>[/<id>][/<file>]; ctrl is NULL for v2, id "" for
  * the parent. Lengths are bounded by construction (parent < 256 bytes,
  * ids < 40). */
-static void path_of(const osr__lcg_t *cg, char *out, size_t len, const char *ctrl,
-                    const char *id, const char *file)
+static void path_of(const osr__lcg_t *cg, char *out, size_t len, const char *ctrl, const char *id,
+                    const char *file)
 {
   snprintf(out, len, CG_ROOT "%s%s%s%s%s%s%s", ctrl ? "/" : "", ctrl ? ctrl : "", cg->parent,
            id[0] ? "/" : "", id, file ? "/" : "", file ? file : "");
@@ -315,12 +315,26 @@ static void fall_back(osr__lcg_t *cg)
   cg->mem = cg->pids = cg->cpu = cg->freezer = 0;
 }
 
+/* One level down the path `p` (what is left of a parent path, "/b/c"):
+ * append its first component to `rel` (sized OSR__LCG_PATH, and `rel` + `p`
+ * is a prefix of that parent, so it fits) and return the rest, or NULL at
+ * the end. */
+static const char *descend(char *rel, const char *p)
+{
+  if (*p == '\0')
+    return NULL;
+  size_t n = strcspn(p + 1, "/") + 1, l = strlen(rel);
+  memcpy(rel + l, p, n);
+  rel[l + n] = '\0';
+  return p + n;
+}
+
 /* The v2 parent: `want` (or the probe's choice) and, read-only, whether the
  * kernel will let us enable the controllers on the way down to it. It
  * refuses them in the cgroup.subtree_control of a non-root group that holds
  * processes ("no internal processes"), and a cgroup namespace root is such
  * a group (some containers). */
-static int v2_choose(osr__lcg_t *cg, const char *want)
+static void v2_choose(osr__lcg_t *cg, const char *want)
 {
   char own[OSR__LCG_PATH], base[OSR__LCG_PATH] = "/";
   if (own_cgroup(own, sizeof(own)) == 0) {
@@ -336,10 +350,6 @@ static int v2_choose(osr__lcg_t *cg, const char *want)
   int ours = strcmp(base, "/") != 0 && writable(base, NULL) && writable(base, "cgroup.procs") &&
              writable(base, "cgroup.subtree_control");
   if (want != NULL && want[0] != '\0') {
-    if (strncmp(want, CG_ROOT "/", sizeof(CG_ROOT)) == 0)
-      want += sizeof(CG_ROOT) - 1; /* /sys/fs/cgroup/a/b is /a/b */
-    if (!rel_ok(want))
-      return OSR_EINVAL;
     snprintf(cg->parent, sizeof(cg->parent), "%s", want);
     snprintf(cg->note, sizeof(cg->note), "cgroup_parent %s", want);
     /* Set inside our own cgroup: that one must be left for a leaf too. */
@@ -398,36 +408,38 @@ static int v2_choose(osr__lcg_t *cg, const char *want)
                "cgroup.subtree_control (no internal processes)",
                l ? "; " : "", rel[0] ? rel : "the cgroup namespace root");
       fall_back(cg);
-      return 0;
+      return;
     }
-    if (*p == '\0')
+    if ((p = descend(rel, p)) == NULL)
       break;
-    size_t n = strcspn(p + 1, "/") + 1, l = strlen(rel);
-    memcpy(rel + l, p, n);
-    rel[l + n] = '\0';
-    p += n;
   }
-  return 0;
 }
 
 int osr__lcg_probe(osr__lcg_t *cg, const char *parent)
 {
   memset(cg, 0, sizeof(*cg));
   snprintf(cg->parent, sizeof(cg->parent), CG_DEFAULT);
+  if (parent != NULL && parent[0] != '\0') {
+    if (strncmp(parent, CG_ROOT "/", sizeof(CG_ROOT)) == 0)
+      parent += sizeof(CG_ROOT) - 1; /* /sys/fs/cgroup/a/b is /a/b */
+    if (!rel_ok(parent))
+      return OSR_EINVAL;
+  }
   struct statfs sf;
   if (statfs(CG_ROOT, &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC) {
     /* Unified: the controllers the root offers, if we may manage it. */
     cg->v2_host = 1;
     if (access(CG_ROOT, W_OK) != 0) {
       snprintf(cg->note, sizeof(cg->note), CG_ROOT " is not writable");
-      return parent != NULL && parent[0] != '\0' && !rel_ok(parent) ? OSR_EINVAL : 0;
+      return 0;
     }
     set_bits(cg, ctrl_bits("", "cgroup.controllers"));
     /* cgroup.freeze is core (no controller) since 5.2; only non-root
      * groups have the file, so the kernel version is what tells. */
     cg->freezer = kernel_at_least(5, 2);
     cg->mode = OSR__LCG_V2;
-    return v2_choose(cg, parent);
+    v2_choose(cg, parent);
+    return 0;
   }
   cg->mem = v1_usable("memory");
   cg->pids = v1_usable("pids");
@@ -499,12 +511,8 @@ void osr__lcg_setup(osr__lcg_t *cg)
     snprintf(path, sizeof(path), CG_ROOT "%s/cgroup.subtree_control", rel);
     if (on[0] != '\0' && (rv = cg_write(path, on + 1)) != 0 && err[0] == '\0')
       snprintf(err, sizeof(err), "enabling%s in %s: %s", on, rel[0] ? rel : "/", strerror(-rv));
-    if (*p == '\0')
+    if ((p = descend(rel, p)) == NULL)
       break;
-    size_t n = strcspn(p + 1, "/") + 1, l = strlen(rel);
-    memcpy(rel + l, p, n);
-    rel[l + n] = '\0';
-    p += n;
     snprintf(path, sizeof(path), CG_ROOT "%s", rel);
     if (mkdir(path, 0755) != 0 && errno != EEXIST) {
       snprintf(err, sizeof(err), "mkdir %s: %s", rel, strerror(errno));

@@ -43,8 +43,8 @@ typedef enum osr__lcg_mode_e {
 typedef struct osr__lcg_s {
   osr__lcg_mode_t mode;
   int mem, pids, cpu, freezer;
-  int v2_host;   /**< /sys/fs/cgroup is cgroup2 (even when `mode` fell back to NONE) */
-  int delegated; /**< v2: our own cgroup is ours to divide: we live in `leaf` */
+  int v2_host;                /**< /sys/fs/cgroup is cgroup2 (even when `mode` fell back to NONE) */
+  int delegated;              /**< v2: our own cgroup is ours to divide: we live in `leaf` */
   char parent[OSR__LCG_PATH]; /**< the sandboxes' parent below the mount ("/osr") */
   char leaf[OSR__LCG_PATH];   /**< delegated: our own processes' group, "<own>/gateway" */
   char note[640]; /**< why this parent, and why limits fell back ("" = nothing to add) */

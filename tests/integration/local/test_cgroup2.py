@@ -355,6 +355,11 @@ class Guest(test_local.Base):
                   "kernel refuses controllers in its cgroup.subtree_control (no internal "
                   "processes)")
         d, log = self.driver_logged(cgroup_parent="/busy.slice/sandboxes", pids_max=64)
+        # The manifest claims neither pause nor the gvisor class (whose
+        # runsc would need the same controllers).
+        info = d.call("describe")
+        self.assertEqual((info["status"], info["pause"]), ("ok", False), info)
+        self.assertEqual(info["classes"], ["container"])
         self.assertIn("container limits by no usable cgroup: memory rlimit (prlimit --as), "
                       "processes rlimit (prlimit --nproc, per uid), cpu not limited, pause "
                       "unavailable; " + reason, log())
@@ -363,7 +368,7 @@ class Guest(test_local.Base):
             env = dict(os.environ, OSR_LOCAL_CGROUP_PARENT="/busy.slice/sandboxes")
             r = subprocess.run([cli, "doctor", "--data-dir", tempfile.mkdtemp()], env=env,
                                capture_output=True, text=True, timeout=300)
-            self.assertIn(reason, r.stdout)
+            self.assertIn("container limits by rlimits, not cgroup v2: " + reason, r.stdout)
         self.assertFalse(os.path.exists(CG + "/busy.slice/sandboxes"))
         if asan_build(test_local.AGENT):
             # An ASan agent cannot start under an address-space rlimit (its
@@ -383,8 +388,8 @@ class Guest(test_local.Base):
         parent = "/custom.slice/osr-sandboxes"
         self.addCleanup(lambda: self.assertEqual(remove_tree("/custom.slice"), []))
         d, log = self.driver_logged(cgroup_parent=parent, pids_max=64)
-        self.assertIn("sandboxes in /sys/fs/cgroup%s; cgroup_parent %s" % (parent, parent), log())
         sb = self.limits_hold(d, parent)
+        self.assertIn("sandboxes in /sys/fs/cgroup%s; cgroup_parent %s" % (parent, parent), log())
         self.destroy_gone(d, sb, parent)
         d.close()
         self.assertEqual(subgroups(parent), [])
