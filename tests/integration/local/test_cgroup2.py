@@ -60,18 +60,25 @@ def asan_build(binary):
 
 
 def remove_tree(rel):
-    """Remove cgroup `rel` and every group below it, deepest first, after
-    moving any process left there to the root. Returns what could not be
-    removed (a leak the test reports)."""
+    """Remove cgroup `rel` and every group below it, deepest first. Runs
+    after the drivers closed and the test's own processes were reaped, so a
+    group that still holds a process (rmdir: EBUSY) is a leak: returned for
+    the test to report (and moved to the root, so the next test starts
+    clean)."""
     left = []
     for dirpath, dirs, _ in sorted(os.walk(CG + rel), key=lambda w: -w[0].count("/")):
         try:
-            with open(dirpath + "/cgroup.procs") as f:
-                for pid in f.read().split():
-                    cgwrite("", "cgroup.procs", pid)
             os.rmdir(dirpath)
         except OSError as e:
-            left.append("%s: %s" % (dirpath, e))
+            with open(dirpath + "/cgroup.procs") as f:
+                pids = f.read().split()
+            left.append("%s: %s, holding %s" % (dirpath, e, pids))
+            for pid in pids:
+                cgwrite("", "cgroup.procs", pid)
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass
     return left
 
 
