@@ -665,6 +665,11 @@ int main(int argc, char **argv)
   /* A streaming RPC may be silent for its keepalive interval (90 s by
    * default); the idle timeout must not cut it. */
   opts.limits.idle_timeout_ms = 600000;
+  /* A data plane multiplexes its exec sessions to this agent over shared
+   * h2c connections, two streams per session at most (output + one control
+   * call): 1024 streams let one connection carry 512 sessions
+   * (docs/dataplane.md "How exec upstreams are multiplexed"). */
+  opts.limits.h2_max_streams = 1024;
   a->server = osr_http_server_new(a->loop, &opts);
   for (size_t i = 0; i < nlisten; i++) {
     int rv = osr_http_server_listen(a->server, listen[i], NULL);

@@ -18,6 +18,7 @@
 #include "cache/redis.h"
 #include "dataplane/dp_int.h"
 #include "dataplane/exec.h"
+#include "dataplane/exec_mux.h"
 #include "token/cache.h"
 #include "net/addr.h"
 #include "net/tls.h"
@@ -391,6 +392,7 @@ static void on_pool_timer(uv_timer_t *t)
 {
   osr_dataplane_t *dp = t->data;
   osr__dp_pools_sweep(dp, UINT64_MAX);
+  osr__dp_mux_sweep(dp, dp->cfg.exec_mux_idle_ms);
 }
 
 /* ---- revocations -------------------------------------------------------------- */
@@ -469,6 +471,12 @@ static void copy_config(osr_dataplane_t *dp, const osr_dataplane_config_t *cfg)
     dp->cfg.pool_idle_max = 256;
   if (dp->cfg.upstream_idle_ms == 0)
     dp->cfg.upstream_idle_ms = 300000;
+  if (dp->cfg.exec_mux_conns == 0)
+    dp->cfg.exec_mux_conns = 64;
+  if (dp->cfg.exec_mux_sessions == 0)
+    dp->cfg.exec_mux_sessions = 512;
+  if (dp->cfg.exec_mux_idle_ms == 0)
+    dp->cfg.exec_mux_idle_ms = 30000;
   if (dp->cfg.token_leeway_s == 0)
     dp->cfg.token_leeway_s = 5;
   if (dp->cfg.activity_interval_ms == 0)
@@ -618,9 +626,11 @@ size_t osr_dataplane_nconns(const osr_dataplane_t *dp)
 
 void osr__dp_maybe_finish(osr_dataplane_t *dp)
 {
-  if (dp->closing_handles > 0 || dp->nstreams > 0 || dp->nsplices > 0 || dp->keys_busy)
+  if (dp->closing_handles > 0 || dp->nstreams > 0 || dp->nsplices > 0 || dp->keys_busy ||
+      osr__dp_mux_busy(dp))
     return;
   osr__dp_pools_sweep(dp, 0);
+  osr__dp_mux_sweep(dp, 0);
   OSR_LOG_INFO(MOD, "stopped: %llu requests, %llu refused, %llu forwarded, %llu upstream failures",
                (unsigned long long)dp->n_requests, (unsigned long long)dp->n_refused,
                (unsigned long long)dp->n_forwarded, (unsigned long long)dp->n_upstream_fail);
@@ -673,6 +683,7 @@ void osr_dataplane_stop(osr_dataplane_t *dp, uint64_t grace_ms, void (*cb)(void 
     uv_close((uv_handle_t *)&dp->pool_timer, on_handle_closed);
   }
   osr__dp_pools_sweep(dp, 0);
+  osr__dp_mux_sweep(dp, 0);
   osr__dp_activity_stop(dp); /* before Redis closes: a send in flight ends with it */
   if (dp->redis != NULL) {
     dp->closing_handles++;

@@ -95,6 +95,13 @@ typedef struct osr_dataplane_config_s {
   uint64_t endpoint_ttl_ms;
   /** Bearer key for GET /metrics; NULL = open (bind to a private address). */
   const char *metrics_key;
+  /* (Additive.) Exec upstreams multiplexed over shared h2c connections per
+   * agent endpoint (docs/dataplane.md "How exec upstreams are
+   * multiplexed"). */
+  int exec_mux_off;          /**< 1: one HTTP/1.1 connection per stream and call, as before */
+  size_t exec_mux_conns;     /**< shared connections per agent endpoint, default 64 */
+  size_t exec_mux_sessions;  /**< exec sessions per connection, default 512 */
+  uint64_t exec_mux_idle_ms; /**< a connection without sessions closes after, default 30000 */
 } osr_dataplane_config_t;
 
 /**

@@ -98,6 +98,7 @@ struct osr_dataplane_s {
   struct dp_gate_s *gates[DP_POOL_BUCKETS];
   dp_splice_t *splices; /* live spliced tunnels (for stop) */
   struct dp_exec_s *execs; /* live exec console sessions (exec.c, for stop) */
+  struct dp_mux_s *mux;    /* shared exec connections (exec_mux.c) */
   size_t nstreams;
   size_t nsplices;
   /* counters (logged at stop; tests read the log) */

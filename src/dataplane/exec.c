@@ -13,6 +13,10 @@
  * over, whichever comes last frees it (exec_maybe_free):
  *   ws           the WebSocket (its on_close always fires once after accept);
  *   sc / cc      the stream and control upstream clients (closed by us);
+ *                or, multiplexed (`shared`), both the client of the lease
+ *                on a shared connection (exec_mux.h), which is never
+ *                closed here: our requests on it are cancelled, and the
+ *                lease goes back once none is left (lease_maybe_release);
  *   screq/ccreq  their requests, until the final on_body (which a client
  *                close delivers later, with OSR_ECANCELED);
  *   connecting   pending connect callbacks (sc_connecting, cc_connecting);
@@ -31,6 +35,7 @@
 #include "agent/procpb.h"
 #include "dataplane/dp_activity.h"
 #include "dataplane/exec.h"
+#include "dataplane/exec_mux.h"
 #include "net/addr.h"
 #include "net/ws.h"
 #include "token/token.h"
@@ -92,6 +97,10 @@ struct dp_exec_s {
   char *status_msg; /* decided but waiting behind queued output */
   char *stream_err; /* end-of-stream error message */
   char stream_code[32];
+  /* upstream over a shared h2c connection (exec_mux.h) instead of own
+   * connections; `shared` is decided at the connect */
+  int shared;
+  dp_mux_lease_t lease;
   /* control calls */
   osr_http_client_t *cc;
   osr_http_creq_t *ccreq;
@@ -127,6 +136,7 @@ static void exec_finish(dp_exec_t *e);
 static void pump(dp_exec_t *e);
 static void ops_kick(dp_exec_t *e);
 static void send_failure(dp_exec_t *e, int code, const char *reason, const char *msg);
+static void exec_connect(dp_exec_t *e);
 
 /* ========================================================================== */
 /* Routing                                                                     */
@@ -428,11 +438,23 @@ static void exec_discard(dp_exec_t *e)
   osr_free(e);
 }
 
+/* A shared connection's lease goes back once the session made its last
+ * request on it: both request pointers clear (their final on_body ran) and
+ * no body write is outstanding. */
+static void lease_maybe_release(dp_exec_t *e)
+{
+  if (!e->shared || e->sc_connecting || e->sc != NULL || e->cc != NULL || e->screq != NULL ||
+      e->ccreq != NULL || e->sc_writing || e->cc_writing)
+    return;
+  osr__dp_mux_release(&e->lease);
+}
+
 static void exec_maybe_free(dp_exec_t *e)
 {
+  lease_maybe_release(e);
   if (e->busy || e->ws != NULL || e->hreq != NULL || e->hwriting || e->sc != NULL ||
       e->cc != NULL || e->screq != NULL || e->ccreq != NULL || e->sc_connecting ||
-      e->cc_connecting || e->sc_writing || e->cc_writing)
+      e->cc_connecting || e->sc_writing || e->cc_writing || osr__dp_mux_is_leased(&e->lease))
     return;
   osr_dataplane_t *dp = e->dp;
   if (e->prev != NULL)
@@ -461,11 +483,31 @@ static void exec_maybe_free(dp_exec_t *e)
 static void close_sc(dp_exec_t *e)
 {
   osr_http_client_t *c = e->sc;
+  if (e->shared && e->sc_connecting) {
+    /* Still waiting for the shared connection: stop waiting. */
+    e->sc_connecting = 0;
+    osr__dp_mux_release(&e->lease);
+    return;
+  }
   if (c == NULL)
     return;
+  int held = e->holding;
   e->sc = NULL;
   e->holding = 0;
   e->in_len = 0;
+  if (e->shared) {
+    /* Only our own stream ends (its final on_body follows, ECANCELED). A
+     * held chunk is let go too, or a stream whose body had all arrived
+     * would wait for the release forever; what it still delivers is
+     * dropped (sc_on_body, finishing). */
+    osr_http_creq_t *r = e->screq;
+    if (r != NULL) {
+      osr_http_creq_cancel(r);
+      if (held && e->screq == r)
+        osr_http_creq_release(r);
+    }
+    return;
+  }
   osr_http_client_close(c); /* a live stream request fails with ECANCELED */
 }
 
@@ -475,6 +517,11 @@ static void close_cc(dp_exec_t *e)
   if (c == NULL)
     return;
   e->cc = NULL;
+  if (e->shared) {
+    if (e->ccreq != NULL)
+      osr_http_creq_cancel(e->ccreq);
+    return;
+  }
   osr_http_client_close(c);
 }
 
@@ -900,6 +947,8 @@ static void sc_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status,
 {
   dp_exec_t *e = data;
   if (status == 0 && e->screq == r) {
+    if (e->finishing)
+      return; /* close_sc let the stream go: nobody wants its output */
     if (e->sc_status != 200) {
       if (osr_buf_append(&e->errbody, chunk->base, chunk->len) != 0)
         e->errbody.len = 0;
@@ -923,6 +972,22 @@ static void sc_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status,
   e->screq = NULL;
   e->holding = 0;
   e->in_len = 0;
+  if (e->shared && status < 0 && e->sc_status == 0 && !e->finishing && e->sc != NULL &&
+      !osr_http_client_peer_ready(e->sc)) {
+    /* The shared connection died before the agent's first SETTINGS: the
+     * endpoint does not speak h2c (an HTTP/1.1-only agent). Nothing ran
+     * there, so start over on the per-session HTTP/1.1 path. */
+    osr__dp_mux_refused(e->dp, e->addr);
+    e->sc = NULL;
+    lease_maybe_release(e);
+    if (!osr__dp_mux_is_leased(&e->lease)) {
+      e->shared = 0;
+      exec_connect(e);
+      e->busy--;
+      exec_maybe_free(e);
+      return;
+    }
+  }
   if (!e->status_sent && !e->finishing) {
     char msg[512];
     int http = 500;
@@ -975,20 +1040,46 @@ static void fill_headers(dp_exec_t *e, osr_http_header_t *h, size_t *n, int stre
   *n = k;
 }
 
+static void sc_start(dp_exec_t *e, osr_http_client_t *c);
+
+static void sc_connect_failed(dp_exec_t *e, int status)
+{
+  e->dp->n_upstream_fail++;
+  if (!e->finishing) {
+    char msg[256];
+    snprintf(msg, sizeof(msg), "cannot reach the sandbox: %s", osr_strerror(status));
+    send_failure(e, 502, "ServiceUnavailable", msg);
+  }
+  exec_maybe_free(e);
+}
+
 static void sc_connected(osr_http_client_t *c, int status, void *data)
 {
   dp_exec_t *e = data;
   e->sc_connecting = 0;
   if (status != 0) {
-    e->dp->n_upstream_fail++;
-    if (!e->finishing) {
-      char msg[256];
-      snprintf(msg, sizeof(msg), "cannot reach the sandbox: %s", osr_strerror(status));
-      send_failure(e, 502, "ServiceUnavailable", msg);
-    }
-    exec_maybe_free(e);
+    sc_connect_failed(e, status);
     return;
   }
+  sc_start(e, c);
+}
+
+/* The shared connection is up (exec_mux.h; a failed connect gave the
+ * lease back already). */
+static void sc_attached(dp_mux_lease_t *l, int status)
+{
+  dp_exec_t *e = osr_container_of(l, dp_exec_t, lease);
+  e->sc_connecting = 0;
+  if (status != 0) {
+    sc_connect_failed(e, status);
+    return;
+  }
+  sc_start(e, l->client);
+}
+
+/* Send the Start/Connect request on `c` (own or shared). */
+static void sc_start(dp_exec_t *e, osr_http_client_t *c)
+{
   e->sc = c;
   if (e->finishing) {
     exec_finish(e);
@@ -1123,7 +1214,7 @@ static void cc_issue(dp_exec_t *e)
   e->ccreq = NULL;
   /* A dead keep-alive connection: nothing was sent, take a fresh one. */
   close_cc(e);
-  if (!e->op_retried) {
+  if (!e->op_retried && !e->shared) {
     e->op_retried = 1;
     ops_kick(e);
   } else {
@@ -1170,6 +1261,18 @@ static void ops_kick(dp_exec_t *e)
       return;
     }
     e->op_ready = 1;
+  }
+  if (e->shared) {
+    /* Control calls are further streams on the session's shared
+     * connection; nothing to connect, nothing to retry elsewhere. */
+    e->cc = e->lease.client;
+    e->cc_reused = 0;
+    if (e->cc == NULL) {
+      send_failure(e, 502, "ServiceUnavailable", "lost the connection to the sandbox");
+      return;
+    }
+    cc_issue(e);
+    return;
   }
   if (e->cc != NULL) {
     e->cc_reused = 1;
@@ -1424,7 +1527,6 @@ static void h_on_done(osr_http_req_t *req, int status)
 static const char *const subprotocols[] = {"v5.channel.k8s.io", "v4.channel.k8s.io"};
 
 static void exec_link(osr_dataplane_t *dp, dp_exec_t *e);
-static void exec_connect(dp_exec_t *e);
 
 /* POST: answer 200 at once (the response body is the output frames), read
  * the request body as input frames. HTTP/2 carries both directions at once;
@@ -1542,6 +1644,25 @@ static void exec_link(osr_dataplane_t *dp, dp_exec_t *e)
 static void exec_connect(dp_exec_t *e)
 {
   osr_dataplane_t *dp = e->dp;
+  if (osr__dp_mux_usable(dp, e->addr, e->tls)) {
+    e->shared = 1;
+    e->sc_connecting = 1;
+    int rv = osr__dp_mux_acquire(dp, e->addr, &e->lease, sc_attached);
+    dp->n_forwarded++;
+    if (rv == 1) {
+      e->sc_connecting = 0;
+      sc_start(e, e->lease.client);
+    } else if (rv < 0) {
+      e->sc_connecting = 0;
+      e->shared = 0;
+      if (rv == OSR_EBUSY)
+        send_failure(e, 503, "ServiceUnavailable",
+                     "too many exec sessions to this sandbox's agent (exec_mux_conns)");
+      else
+        sc_connect_failed(e, rv);
+    }
+    return;
+  }
   osr_http_client_opts_t o;
   memset(&o, 0, sizeof(o));
   o.tls = e->tls ? dp->client_tls : NULL;

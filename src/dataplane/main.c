@@ -26,6 +26,8 @@ static void usage(FILE *f)
              "                     [--activity-interval-ms N] [--activity-max N]\n"
              "                     [--gateway-url URL --gateway-key-file F]\n"
              "                     [--endpoint-ttl-ms N] [--metrics-key-file F]\n"
+             "                     [--exec-mux on|off] [--exec-mux-conns N]\n"
+             "                     [--exec-mux-sessions N] [--exec-mux-idle-ms N]\n"
              "                     [--log-level trace|debug|info|warn|error|off] [--log-json]\n");
 }
 
@@ -161,6 +163,30 @@ int main(int argc, char **argv)
       if (read_secret(a, metrics_key, sizeof(metrics_key)) != 0)
         return 2;
       cfg.metrics_key = metrics_key;
+    } else if (strcmp(o, "--exec-mux") == 0) {
+      if (strcmp(a, "on") != 0 && strcmp(a, "off") != 0) {
+        fprintf(stderr, "osr-dataplane: --exec-mux is on or off\n");
+        return 2;
+      }
+      cfg.exec_mux_off = strcmp(a, "off") == 0;
+    } else if (strcmp(o, "--exec-mux-conns") == 0) {
+      if (num_arg(a, &v) != 0 || v == 0 || v > 100000) {
+        fprintf(stderr, "osr-dataplane: bad --exec-mux-conns (1..100000)\n");
+        return 2;
+      }
+      cfg.exec_mux_conns = (size_t)v;
+    } else if (strcmp(o, "--exec-mux-sessions") == 0) {
+      if (num_arg(a, &v) != 0 || v == 0 || v > 100000) {
+        fprintf(stderr, "osr-dataplane: bad --exec-mux-sessions (1..100000)\n");
+        return 2;
+      }
+      cfg.exec_mux_sessions = (size_t)v;
+    } else if (strcmp(o, "--exec-mux-idle-ms") == 0) {
+      if (num_arg(a, &v) != 0 || v < 100 || v > 86400000) {
+        fprintf(stderr, "osr-dataplane: bad --exec-mux-idle-ms (100..86400000)\n");
+        return 2;
+      }
+      cfg.exec_mux_idle_ms = v;
     } else if (strcmp(o, "--redis") == 0) {
       cfg.redis_url = a;
     } else if (strcmp(o, "--domain") == 0) {

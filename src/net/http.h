@@ -66,6 +66,11 @@ typedef struct osr_http_limits_s {
   uint64_t idle_timeout_ms;    /**< keep-alive idle, default 60000 */
   uint32_t h2_max_streams;     /**< concurrent streams, default 256 */
   uint32_t h2_window;          /**< per-stream receive window, default 256 KiB */
+  /** Connection receive window; 0 = max(4 x h2_window, 1 MiB). A client
+   *  that multiplexes many long streams whose readers may stall (the data
+   *  plane's exec connections) sets it to h2_window x its streams, so held
+   *  streams never use up the credit the others need. */
+  uint32_t h2_conn_window;
   size_t max_conns;            /**< per listener, default 10000 */
 } osr_http_limits_t;
 
@@ -281,6 +286,17 @@ int osr_http_client_connect(uv_loop_t *loop, const char *addr, const osr_http_cl
 /** 20 for HTTP/2, 11 for HTTP/1.1. */
 int osr_http_client_version(const osr_http_client_t *c);
 
+/** Requests the peer allows at once: HTTP/2 its SETTINGS_MAX_CONCURRENT_STREAMS
+ *  (nghttp2 assumes 100 until the peer's first SETTINGS arrived), HTTP/1.1
+ *  1; 0 once the connection is closing or gone (requests would fail with
+ *  OSR_ECLOSED). */
+uint32_t osr_http_client_max_streams(const osr_http_client_t *c);
+
+/** HTTP/2: 1 once the peer's first SETTINGS frame arrived (it does speak
+ *  HTTP/2), else 0. HTTP/1.1: always 1. A prior-knowledge connection that
+ *  dies with 0 here went to a peer that does not speak h2c. */
+int osr_http_client_peer_ready(const osr_http_client_t *c);
+
 /** Start a request. ev/data are the request's events. Returns 0 and the
  *  request (owned by the client, valid until its final on_body), or an
  *  error (OSR_ECLOSED if the connection is gone). */
@@ -331,6 +347,8 @@ typedef struct osr_http_client_ops_s {
   uint64_t (*raw_avail)(osr_http_creq_t *r);
   osr_sock_t *(*raw_take)(osr_http_creq_t *r, uint64_t n);
   void (*raw_done)(osr_http_creq_t *r);
+  uint32_t (*max_streams)(const osr_http_client_t *c); /* NULL: 1 (HTTP/1.1) */
+  int (*peer_ready)(const osr_http_client_t *c);       /* NULL: 1 */
 } osr_http_client_ops_t;
 
 /** Base of the protocol-specific client structs (first member `super`). */

@@ -364,6 +364,21 @@ static void h2_client_close(osr_http_client_t *base)
   osr__h2_conn_fail(&cl->c, OSR_ECANCELED, NGHTTP2_NO_ERROR, 1);
 }
 
+static uint32_t h2_max_streams(const osr_http_client_t *base)
+{
+  const h2cli_t *cl = osr_container_of(base, h2cli_t, super);
+  const osr__h2_conn_t *c = &cl->c;
+  if (cl->user_closed || c->closed || c->closing || c->close_req || c->ng == NULL ||
+      !nghttp2_session_check_request_allowed(c->ng))
+    return 0;
+  return nghttp2_session_get_remote_settings(c->ng, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
+}
+
+static int h2_peer_ready(const osr_http_client_t *base)
+{
+  return osr_container_of(base, h2cli_t, super)->c.peer_settings;
+}
+
 static const osr_http_client_ops_t h2_client_ops = {
     .version = 20,
     .request = h2_request,
@@ -372,6 +387,8 @@ static const osr_http_client_ops_t h2_client_ops = {
     .release = h2_creq_release,
     .cancel = h2_creq_cancel,
     .close = h2_client_close,
+    .max_streams = h2_max_streams,
+    .peer_ready = h2_peer_ready,
 };
 
 int osr__http2_client_new(osr_sock_t *s, const osr_http_client_t *base, osr_http_client_t **out)

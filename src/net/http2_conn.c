@@ -877,6 +877,10 @@ static int on_frame_recv(nghttp2_session *ng, const nghttp2_frame *f, void *ud)
         rx_pump(st);
     }
     break;
+  case NGHTTP2_SETTINGS:
+    if (!(f->hd.flags & NGHTTP2_FLAG_ACK))
+      c->peer_settings = 1;
+    break;
   case NGHTTP2_RST_STREAM:
     OSR_LOG_DEBUG("http2", "stream %d reset by peer (%s)", f->hd.stream_id,
                   nghttp2_http2_strerror(f->rst_stream.error_code));
@@ -1158,6 +1162,8 @@ int osr__h2_conn_init(osr__h2_conn_t *c, osr_sock_t *sock, int is_server,
     uint64_t cw = (uint64_t)c->limits.h2_window * 4;
     if (cw < 1024 * 1024)
       cw = 1024 * 1024;
+    if (c->limits.h2_conn_window != 0)
+      cw = c->limits.h2_conn_window; /* http.h: the owner sized it */
     if (cw > INT32_MAX)
       cw = INT32_MAX;
     rv = nghttp2_session_set_local_window_size(c->ng, NGHTTP2_FLAG_NONE, 0, (int32_t)cw);

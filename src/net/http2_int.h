@@ -146,6 +146,7 @@ struct osr__h2_conn_s {
   int closed;       /* socket gone, streams finalised, session deleted */
   int close_status; /* what open streams fail with */
   int draining, goaway_final;
+  int peer_settings; /* the peer's first SETTINGS frame arrived */
   uint32_t rst_ping_gen;
   osr__h2_pin_t *rx_pin; /* pin for the read buffer being parsed */
   osr_buf_t mem_input;   /* memory mode input */

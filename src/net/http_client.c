@@ -81,6 +81,16 @@ int osr_http_client_version(const osr_http_client_t *c)
   return c->_ops->version;
 }
 
+uint32_t osr_http_client_max_streams(const osr_http_client_t *c)
+{
+  return c->_ops->max_streams != NULL ? c->_ops->max_streams(c) : 1;
+}
+
+int osr_http_client_peer_ready(const osr_http_client_t *c)
+{
+  return c->_ops->peer_ready != NULL ? c->_ops->peer_ready(c) : 1;
+}
+
 int osr_http_client_request(osr_http_client_t *c, const osr_http_client_req_t *req,
                             const osr_http_client_events_t *ev, void *data, osr_http_creq_t **out)
 {
