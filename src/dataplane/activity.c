@@ -87,10 +87,7 @@ static int64_t wall_ms(void)
 
 static unsigned act_hash(const char *sid)
 {
-  uint32_t h = 2166136261u;
-  for (const char *p = sid; *p; p++)
-    h = (h ^ (unsigned char)*p) * 16777619u;
-  return h % ACT_BUCKETS;
+  return osr__dp_hash_str(sid) % ACT_BUCKETS;
 }
 
 static dp_act_t *act_get(dp_activity_t *a, const char *sid, int create)

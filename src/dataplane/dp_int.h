@@ -67,6 +67,17 @@ int osr__dp_target(osr_iovec_t path, osr_iovec_t query, char *out, size_t outlen
  *  Returns 0 or OSR_EINVAL. */
 int osr__dp_endpoint(const char *ep, char *addr, size_t addrlen, int *tls);
 
+/** FNV-1a of a NUL-terminated string: the hash of the data plane's small
+ *  per-sandbox and per-endpoint tables (not keyed: the keys are our own
+ *  ids and addresses, bounded tables). */
+static inline uint32_t osr__dp_hash_str(const char *s)
+{
+  uint32_t h = 2166136261u;
+  for (const char *p = s; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
+  return h;
+}
+
 /* ---- the data plane object (dataplane.c) ----------------------------------- */
 
 typedef struct dp_pool_s dp_pool_t;

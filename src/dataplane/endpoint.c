@@ -51,10 +51,7 @@ typedef struct ep_lookup_s {
 
 static unsigned ep_hash(const char *sid)
 {
-  uint32_t h = 2166136261u;
-  for (const char *p = sid; *p; p++)
-    h = (h ^ (unsigned char)*p) * 16777619u;
-  return h % EP_BUCKETS;
+  return osr__dp_hash_str(sid) % EP_BUCKETS;
 }
 
 static ep_t *ep_find(dp_epcache_t *c, const char *sid)

@@ -65,10 +65,7 @@ struct dp_mux_s {
 
 static unsigned ep_hash(const char *addr)
 {
-  uint32_t h = 2166136261u;
-  for (const char *p = addr; *p; p++)
-    h = (h ^ (unsigned char)*p) * 16777619u;
-  return h % DP_MUX_BUCKETS;
+  return osr__dp_hash_str(addr) % DP_MUX_BUCKETS;
 }
 
 static dp_mux_t *mux_get(osr_dataplane_t *dp)

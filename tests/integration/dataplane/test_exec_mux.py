@@ -211,6 +211,51 @@ class ExecMuxIsolation(Base):
         run(main())
 
 
+class ExecMuxLimits(Base):
+    """The caps: sessions per connection, connections per endpoint, and the
+    idle close of a connection without sessions."""
+    dp_extra = ("--exec-mux-conns", "1", "--exec-mux-sessions", "2", "--exec-mux-idle-ms", "300")
+
+    def test_caps_and_idle_close(self):
+        e = self.env
+
+        async def main():
+            base = e.fds()
+            held = await asyncio.gather(*[e.open(["/bin/sh", "-c", "echo up; read l; true"])
+                                          for _ in range(2)])
+            ok = await asyncio.gather(*[s.read_until(lambda s: bytes(s.out[1]) == b"up\n") for s in held])
+            self.assertTrue(all(ok))
+            # Both sessions fill the one connection allowed: the next one is
+            # refused with a typed status, nothing is started for it.
+            extra = await e.open(["/bin/sh", "-c", "echo never"], stdin=False)
+            await extra.read_to_end()
+            self.assertEqual(bytes(extra.out[1]), b"")
+            self.assertEqual(extra.status.get("reason"), "ServiceUnavailable", extra.status)
+            self.assertEqual(extra.status.get("code"), 503, extra.status)
+            self.assertIn("too many exec sessions", extra.status.get("message"), extra.status)
+            extra.close()
+            while e.fds() - base > 3:  # the refused client's socket closing
+                await asyncio.sleep(0.05)
+            self.assertEqual(e.fds() - base, 3)  # two clients + the shared connection
+            for s in held:
+                s.close_stdin()
+            await asyncio.gather(*[s.read_to_end() for s in held])
+            for s in held:
+                self.assertEqual(s.exit_code(), 0, s.status)
+                s.close()
+            # Without sessions the shared connection closes (idle 300 ms,
+            # swept every second): the descriptors go back to the baseline.
+            while e.fds() != base:
+                await asyncio.sleep(0.1)
+            # And the next session gets a fresh one.
+            s = await e.open(["/bin/sh", "-c", "echo again"], stdin=False)
+            await s.read_to_end()
+            self.assertEqual(bytes(s.out[1]), b"again\n")
+            s.close()
+
+        run(main())
+
+
 class ExecMuxOff(Base):
     """--exec-mux off keeps the per-session HTTP/1.1 connections."""
     dp_extra = ("--exec-mux", "off")
