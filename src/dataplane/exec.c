@@ -58,6 +58,9 @@
 #define DP_EXEC_FRAME_MAX    (256 * 1024 + 64)
 #define DP_EXEC_ERRBODY_MAX  4096
 #define DP_EXEC_CONNECT_MS   10000
+/* Re-attaches (process.Connect from the output offset) after a shared
+ * connection died under a live session, per session. */
+#define DP_EXEC_REATTACH_MAX 3
 #define DP_EXEC_CONTENT_TYPE "application/vnd.osr.exec-frames"
 
 typedef struct dp_exec_s dp_exec_t;
@@ -101,6 +104,8 @@ struct dp_exec_s {
    * connections; `shared` is decided at the connect */
   int shared;
   dp_mux_lease_t lease;
+  int reattaches; /* streams re-attached after their connection died */
+  int info_sent;
   /* control calls */
   osr_http_client_t *cc;
   osr_http_creq_t *ccreq;
@@ -137,6 +142,7 @@ static void pump(dp_exec_t *e);
 static void ops_kick(dp_exec_t *e);
 static void send_failure(dp_exec_t *e, int code, const char *reason, const char *msg);
 static void exec_connect(dp_exec_t *e);
+static void exec_reattach(dp_exec_t *e);
 
 /* ========================================================================== */
 /* Routing                                                                     */
@@ -772,7 +778,8 @@ static void on_start_event(dp_exec_t *e, const osr_pe_t *ev)
   e->pid = ev->pid;
   if (ev->has_offset)
     e->offset = ev->output_offset;
-  if (e->want_info && !client_gone(e)) {
+  if (e->want_info && !e->info_sent && !client_gone(e)) {
+    e->info_sent = 1;
     /* OSR extension (osrInfo=true): one text message before any output, so
      * a client learns what to re-attach to. Kubernetes clients never ask. */
     char num[32];
@@ -915,6 +922,40 @@ static void pump(dp_exec_t *e)
   e->busy--;
 }
 
+/* Start the output stream over: process.Connect to the same pid from the
+ * offset of the output already passed on (e->offset counts the data
+ * events decoded; a frame still queued for the client is among them, an
+ * envelope cut by the loss is not), on a fresh shared connection. A
+ * control call in flight when the connection died is not retried (it may
+ * have run): that case fails the session instead (cc_on_body). If the
+ * agent is gone the connect fails and the session gets its Failure. */
+static void exec_reattach(dp_exec_t *e)
+{
+  OSR_LOG_INFO(MOD, "exec %s pid %lld: shared connection lost, re-attaching at offset %llu", e->sid,
+               (long long)e->pid, (unsigned long long)e->offset);
+  e->reattaches++;
+  e->sc = NULL;
+  e->cc = NULL; /* no call in flight on it (checked by the caller) */
+  osr__dp_mux_release(&e->lease);
+  e->sc_status = 0;
+  e->errbody.len = 0;
+  osr_freep(&e->stream_err);
+  osr_cx_parser_dispose(&e->cx);
+  osr_cx_parser_init(&e->cx, DP_EXEC_FRAME_MAX);
+  exec_query_t q;
+  memset(&q, 0, sizeof(q));
+  q.pid = e->pid;
+  q.have_offset = 1;
+  q.offset = e->offset;
+  osr_free(e->start_body);
+  e->start_body = build_start(&q, &e->start_len, &e->start_method);
+  if (e->start_body == NULL) {
+    send_failure(e, 500, "InternalError", "out of memory");
+    return;
+  }
+  exec_connect(e);
+}
+
 static void sc_on_response(osr_http_creq_t *r, int status, const osr_http_header_t *h, size_t n,
                            void *data)
 {
@@ -972,6 +1013,18 @@ static void sc_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status,
   e->screq = NULL;
   e->holding = 0;
   e->in_len = 0;
+  if (e->shared && status < 0 && status != OSR_ECANCELED && e->sc_status == 200 && !e->finishing &&
+      !e->status_sent && e->pid > 0 && e->ccreq == NULL && !e->cc_writing && e->sc != NULL &&
+      osr_http_client_max_streams(e->sc) == 0 && e->reattaches < DP_EXEC_REATTACH_MAX) {
+    /* The shared connection died under a live session (not the stream:
+     * the agent may be fine): continue on a fresh connection with
+     * process.Connect from the output offset, so the client sees nothing
+     * (exec_reattach). */
+    exec_reattach(e);
+    e->busy--;
+    exec_maybe_free(e);
+    return;
+  }
   if (e->shared && status < 0 && e->sc_status == 0 && !e->finishing && e->sc != NULL &&
       !osr_http_client_peer_ready(e->sc)) {
     /* The shared connection died before the agent's first SETTINGS: the

@@ -3,16 +3,21 @@
  * a WebSocket speaking the Kubernetes channel protocol (v5.channel.k8s.io,
  * v4.channel.k8s.io) in front of the agent's envd process API.
  *
- * One session joins three connections:
+ * One session joins:
  *   - the client's WebSocket (binary messages, first byte = channel:
  *     0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize, 255 close);
- *   - a stream connection to the agent carrying process.Process/Start (a
- *     new process) or process.Process/Connect (re-attach by pid or tag, from
- *     an output offset), whose data events become channel 1/2 messages and
- *     whose end event becomes the channel 3 metav1.Status;
- *   - a control connection to the agent carrying the unary calls the client
- *     causes: SendInput (channel 0), CloseStdin (channel 255, v5), Update
- *     (channel 4 resize of a pty). One call in flight at a time.
+ *   - an output stream to the agent, process.Process/Start (a new process)
+ *     or process.Process/Connect (re-attach by pid or tag, from an output
+ *     offset), whose data events become channel 1/2 messages and whose end
+ *     event becomes the channel 3 metav1.Status;
+ *   - the unary calls the client causes: SendInput (channel 0), CloseStdin
+ *     (channel 255, v5), Update (channel 4 resize of a pty). One call in
+ *     flight at a time.
+ * The output stream and the calls are HTTP/2 streams on a connection to
+ * the agent shared with other sessions (exec_mux.h); where h2c is not
+ * possible they get one HTTP/1.1 connection each (the stream connection
+ * and the control connection). A shared connection lost under a started
+ * session is replaced by a Connect from the session's output offset.
  *
  * The same session also runs over HTTP (POST to the same paths, HTTP/2 or
  * HTTP/1.1 with a chunked body): the request body carries input frames and
@@ -22,12 +27,13 @@
  * closes stdin. Channel 5 carries the osrInfo JSON there.
  *
  * Backpressure: output is parsed and sent one Connect frame at a time; when
- * the WebSocket's outgoing queue is full the upstream chunk is held (the
- * agent socket stops reading, the agent's ring fills, the process blocks in
- * write()) until on_writable. Input is buffered up to a cap and the
- * WebSocket stops reading above a watermark until SendInput drained it.
- * Memory per session is therefore bounded by the WebSocket queue cap, one
- * Connect frame and the stdin cap (exec.c, DP_EXEC_*).
+ * the WebSocket's outgoing queue is full the upstream chunk is held (its
+ * HTTP/2 stream gets no WINDOW_UPDATE, or the HTTP/1.1 socket stops reading;
+ * the agent's ring fills, the process blocks in write()) until
+ * on_writable. Input is buffered up to a cap and the WebSocket stops
+ * reading above a watermark until SendInput drained it. Memory per session
+ * is therefore bounded by the WebSocket queue cap, one Connect frame and
+ * the stdin cap (exec.c, DP_EXEC_*).
  */
 #ifndef OSR_DATAPLANE_EXEC_H
 #define OSR_DATAPLANE_EXEC_H

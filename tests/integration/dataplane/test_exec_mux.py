@@ -38,7 +38,8 @@ class MuxEnv:
     """Keys, one osr-agent on a unix socket (room for many processes),
     osr-dataplane."""
 
-    def __init__(self, dp_extra=()):
+    def __init__(self, dp_extra=(), tcp=False):
+        self.tcp = tcp
         self.dir = tempfile.mkdtemp(prefix="osr-dpmux-")
         self.keys = os.path.join(self.dir, "keys")
         os.mkdir(self.keys)
@@ -56,14 +57,26 @@ class MuxEnv:
         except Exception:
             self.close()
             raise
-        self.tok = tdp.mint(self.keys, "k1", SID, "unix:" + self.sock, "exec")
+        self.tok = tdp.mint(self.keys, "k1", SID, self.ep, "exec")
 
     def start_agent(self):
-        if os.path.exists(self.sock):
-            os.unlink(self.sock)
-        self.agent = osrtest.Proc([tdp.AGENT, "--listen", "unix:" + self.sock, "--workdir", self.dir,
-                                   "--max-processes", "2000"])
+        if self.tcp:
+            self.agent = osrtest.Proc([tdp.AGENT, "--listen", "127.0.0.1:0", "--workdir", self.dir])
+            self.agent_port = int(self.agent.wait_line("listening 127.0.0.1:0 ").split()[-1])
+            self.ep = "http://127.0.0.1:%d" % self.agent_port
+        else:
+            if os.path.exists(self.sock):
+                os.unlink(self.sock)
+            self.agent = osrtest.Proc([tdp.AGENT, "--listen", "unix:" + self.sock, "--workdir",
+                                       self.dir, "--max-processes", "2000"])
+            self.ep = "unix:" + self.sock
         self.agent.wait_line("ready")
+
+    def agent_conns(self):
+        """Local ports of the data plane's TCP connections to the agent."""
+        out = osrtest.sh(["ss", "-Htn", "state", "established", "dst",
+                          "127.0.0.1:%d" % self.agent_port]).stdout.decode()
+        return sorted(ln.split()[-2] for ln in out.splitlines() if ln.strip())
 
     def fds(self):
         return len(os.listdir("/proc/%d/fd" % self.dp.p.pid))
@@ -93,9 +106,10 @@ SCRIPT = 'seq 1 "$1"; read l; echo "got:$l"; exit "$2"'
 
 class Base(unittest.TestCase):
     dp_extra = ()
+    tcp = False
 
     def setUp(self):
-        self.env = MuxEnv(self.dp_extra)
+        self.env = MuxEnv(self.dp_extra, self.tcp)
 
     def tearDown(self):
         rc = self.env.close()
@@ -196,9 +210,13 @@ class ExecMuxIsolation(Base):
             e.agent.stop(signal.SIGKILL)
             await asyncio.gather(*[s.read_to_end() for s in streams])
             for s in streams:
+                # The session tries to re-attach on a fresh connection; with
+                # the agent gone that connect fails (or, racing the agent's
+                # exit, the stream ends early).
                 self.assertIsNotNone(s.status, "no status")
                 self.assertEqual(s.status.get("status"), "Failure", s.status)
-                self.assertIn("ended early", s.status.get("message", ""), s.status)
+                msg = s.status.get("message", "")
+                self.assertTrue("cannot reach the sandbox" in msg or "ended early" in msg, s.status)
                 s.close()
             # A fresh connection to the restarted agent serves the next one.
             e.start_agent()
@@ -209,6 +227,54 @@ class ExecMuxIsolation(Base):
             s.close()
 
         run(main())
+
+
+class ExecMuxReattach(Base):
+    """The shared connection dies while the agent lives (ss -K on the data
+    plane's TCP connection to it): the sessions re-attach on a fresh
+    connection with process.Connect from their output offset; the client
+    sees one byte-exact output, its input still arrives, and the exit code."""
+    tcp = True
+
+    def test_connection_killed_sessions_continue(self):
+        e = self.env
+        n = 5
+        script = 'seq 1 3000; read l; echo "got:$l"; seq 3001 6000; exit 3'
+
+        async def main():
+            streams = await asyncio.gather(*[e.open(["/bin/sh", "-c", script], info=True)
+                                             for _ in range(n)])
+            first = seq_out(3000)
+            ok = await asyncio.gather(*[s.read_until(lambda s: len(s.out[1]) >= len(first))
+                                        for s in streams])
+            self.assertTrue(all(ok))
+            before = e.agent_conns()
+            self.assertEqual(len(before), 1, before)  # one shared connection
+            cp = osrtest.sh(["ss", "-K", "dst", "127.0.0.1", "dport", "=", ":%d" % e.agent_port],
+                            check=False)
+            if cp.returncode != 0:
+                self.skipTest("ss -K (SOCK_DESTROY) not available: %s" % cp.stderr[-200:])
+            # Input only once the sessions are on their new connection (a call
+            # in flight on the dying one would end its session instead).
+            while True:
+                now = e.agent_conns()
+                if now and not set(now) & set(before):
+                    break
+                await asyncio.sleep(0.05)
+            for i, s in enumerate(streams):
+                s.send_stdin(b"x%d\n" % i)
+                s.close_stdin()
+            await asyncio.gather(*[s.read_to_end() for s in streams])
+            for i, s in enumerate(streams):
+                want = first + b"got:x%d\n" % i + "".join(
+                    "%d\n" % k for k in range(3001, 6001)).encode()
+                self.assertEqual(bytes(s.out[1]), want, (i, s.status))
+                self.assertEqual(s.exit_code(), 3, s.status)
+                self.assertIsNotNone(s.info)  # one info frame, from the start
+                s.close()
+
+        run(main())
+        self.assertIn("re-attaching at offset", self.env.dp.stderr_text())
 
 
 class ExecMuxLimits(Base):
