@@ -61,6 +61,7 @@ typedef struct dp_metrics_s {
   uint64_t bytes_out; /* response bodies, sandbox -> client */
   uint64_t act_reports, act_failed, act_dropped, act_sandboxes;
   uint64_t ep_lookups, ep_lookup_fail, ep_from_cache;
+  uint64_t exec_reattach; /* exec streams re-attached after a shared connection died */
 } dp_metrics_t;
 
 /** Count an answered request. */

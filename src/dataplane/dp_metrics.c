@@ -25,6 +25,7 @@
 #include <openssl/crypto.h>
 
 #include "dataplane/dp_int.h"
+#include "dataplane/exec_mux.h"
 #include "token/token.h"
 #include "util/buf.h"
 #include "util/mem.h"
@@ -90,6 +91,13 @@ static int render(osr_dataplane_t *dp, osr_buf_t *out)
                        dp->nstreams);
   rv = osr_prom_single(out, rv, N("tunnels"), "gauge",
                        "Spliced (upgraded, e.g. WebSocket) tunnels open.", dp->nsplices);
+  rv = osr_prom_single(out, rv, N("exec_connections"), "gauge",
+                       "Shared h2c connections to agents carrying exec sessions.",
+                       osr__dp_mux_nconns(dp));
+  rv = osr_prom_single(out, rv, N("exec_reattaches_total"), "counter",
+                       "Exec output streams re-attached (process.Connect from the output offset) "
+                       "after their shared connection died.",
+                       m->exec_reattach);
   rv = osr_prom_family(out, rv, N("requests_total"), "counter",
                        "Requests answered, by route kind (none: no sandbox named) and status class.");
   for (int k = 0; k < DP_KIND_N && rv == 0; k++)

@@ -934,6 +934,7 @@ static void exec_reattach(dp_exec_t *e)
   OSR_LOG_INFO(MOD, "exec %s pid %lld: shared connection lost, re-attaching at offset %llu", e->sid,
                (long long)e->pid, (unsigned long long)e->offset);
   e->reattaches++;
+  e->dp->m.exec_reattach++;
   e->sc = NULL;
   e->cc = NULL; /* no call in flight on it (checked by the caller) */
   osr__dp_mux_release(&e->lease);

@@ -17,6 +17,7 @@ fresh connection to the restarted agent.
 
 Bounded in count; no timing assertions (timeouts only guard against hangs)."""
 import asyncio
+import http.client
 import os
 import shutil
 import signal
@@ -78,6 +79,16 @@ class MuxEnv:
                           "127.0.0.1:%d" % self.agent_port]).stdout.decode()
         return sorted(ln.split()[-2] for ln in out.splitlines() if ln.strip())
 
+    def metric(self, name):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        for ln in text.splitlines():
+            if ln.startswith(name + " "):
+                return int(ln.split()[1])
+        raise AssertionError("no %s in /metrics" % name)
+
     def fds(self):
         return len(os.listdir("/proc/%d/fd" % self.dp.p.pid))
 
@@ -137,6 +148,8 @@ class ExecMux500(Base):
                 s.read_until(lambda s, w=w: len(s.out[1]) >= len(w)) for s, w in zip(streams, want)])
             self.assertTrue(all(ok), "a stream ended before its output")
             peak = e.fds()
+            # Every descriptor beyond the clients' is a shared connection.
+            self.assertEqual(e.metric("osr_dataplane_exec_connections"), peak - base - n)
             # Input: a line round trips on every even session; odd ones get
             # only the end of stdin.
             for i, s in enumerate(streams):
@@ -275,6 +288,7 @@ class ExecMuxReattach(Base):
 
         run(main())
         self.assertIn("re-attaching at offset", self.env.dp.stderr_text())
+        self.assertEqual(self.env.metric("osr_dataplane_exec_reattaches_total"), 5)
 
 
 class ExecMuxLimits(Base):
