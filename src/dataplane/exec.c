@@ -1319,6 +1319,8 @@ static void ops_kick(dp_exec_t *e)
   if (e->shared) {
     /* Control calls are further streams on the session's shared
      * connection; nothing to connect, nothing to retry elsewhere. */
+    if (e->sc_connecting)
+      return; /* re-attaching: the Connect's start event kicks again */
     e->cc = e->lease.client;
     e->cc_reused = 0;
     if (e->cc == NULL) {
