@@ -523,7 +523,18 @@ static void update_reading(osr__h2_conn_t *c)
     return;
   /* Backpressure and flood protection: while our output is backlogged we
    * read nothing, so a peer that sends PINGs/SETTINGS without reading the
-   * answers stalls itself instead of growing our queues. */
+   * answers stalls itself instead of growing our queues.
+   *
+   * Servers only. If both ends of a connection did this, heavy traffic in
+   * both directions (the data plane's shared exec connections: stdin of
+   * many sessions one way, their output the other) fills both queues and
+   * neither reads again: a deadlock. A client keeps reading; what it then
+   * receives is bounded without the stop: DATA by our stream windows (held
+   * chunks and backlogs), control frames by nghttp2's outbound-ACK limit
+   * (NGHTTP2_ERR_FLOODED), responses by our own requests. So the server's
+   * queue drains and it reads again. */
+  if (!c->is_server)
+    return;
   if (c->queued >= OSR_H2_OUT_HIGH) {
     if (osr_sock_is_reading(c->sock))
       osr_sock_read_stop(c->sock);

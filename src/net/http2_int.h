@@ -14,8 +14,10 @@
  *     16). A stream's write callback fires when the batch holding its last
  *     bytes was written;
  *   - backpressure: frames are only pulled while the socket's write queue is
- *     below OSR_H2_OUT_HIGH, and the socket is not read while it is above
- *     (a peer that sends PINGs but never reads cannot grow our memory);
+ *     below OSR_H2_OUT_HIGH, and a server's socket is not read while it is
+ *     above (a peer that sends PINGs but never reads cannot grow our
+ *     memory; a client keeps reading, or two of our ends could wait on each
+ *     other forever, see update_reading);
  *   - the input path: the socket's input buffer goes through
  *     nghttp2_session_mem_recv(); body chunks are handed out in place. A
  *     chunk the consumer holds keeps the read buffer it lives in alive (a

@@ -20,6 +20,7 @@ class ExecStream:
         self.info = None
         self._chunk_left = 0
         self._eof = False
+        self.http_status = None
 
     @classmethod
     async def open(cls, host, port, sid, token, argv, stdin=True, info=False, rcvbuf=None):
@@ -34,18 +35,23 @@ class ExecStream:
         path = "/v1/sandboxes/%s/exec?%s" % (sid, urllib.parse.urlencode(q))
         w.write(("POST %s HTTP/1.1\r\nHost: dp\r\nTransfer-Encoding: chunked\r\n\r\n" % path).encode())
         await w.drain()
-        s = cls(r, w)
-        head = await r.readuntil(b"\r\n\r\n")
-        line = head.split(b"\r\n", 1)[0]
-        s.http_status = int(line.split()[1])
-        if s.http_status != 200:
+        # The response head is read with the first frame, not here: over
+        # HTTP/1.1 it may go out only with the first output (a `cat` that
+        # waits for input sends none), and input may be sent before.
+        return cls(r, w)
+
+    async def _head(self):
+        head = await self.r.readuntil(b"\r\n\r\n")
+        self.http_status = int(head.split(b"\r\n", 1)[0].split()[1])
+        if self.http_status != 200:
             raise RuntimeError("exec answered %r" % head[:200])
         if b"transfer-encoding: chunked" not in head.lower():
             raise RuntimeError("exec response not chunked: %r" % head[:200])
-        return s
 
     async def _read(self, n):
         """n bytes of the response body (across chunks), or b'' at its end."""
+        if self.http_status is None:
+            await self._head()
         out = bytearray()
         while len(out) < n:
             if self._eof:

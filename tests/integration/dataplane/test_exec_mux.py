@@ -210,6 +210,35 @@ class ExecMuxIsolation(Base):
         # Three client sockets and one shared upstream connection.
         self.assertLessEqual(during - base, 4, (base, during))
 
+    def test_bulk_both_ways(self):
+        """Stdin and output of several sessions at once, both ways at full
+        speed through one shared connection. Both ends used to stop reading
+        while their own output was queued, and this deadlocked the
+        connection (net/http2_conn.c update_reading: clients keep reading)."""
+        e = self.env
+        n, size = 8, 8 * 1024 * 1024
+
+        async def one(i):
+            s = await e.open(["cat"])
+            data = bytes([(i * 37 + k) % 256 for k in range(256)]) * (size // 256)
+
+            async def writer():
+                for k in range(0, size, 65536):
+                    s.send_stdin(data[k:k + 65536])
+                    await s.w.drain()
+                s.close_stdin()
+                await s.w.drain()
+
+            await asyncio.gather(writer(), s.read_to_end())
+            self.assertEqual(bytes(s.out[1]), data, i)
+            self.assertEqual(s.exit_code(), 0, s.status)
+            s.close()
+
+        async def main():
+            await asyncio.gather(*[one(i) for i in range(n)])
+
+        run(main())
+
     def test_agent_killed_ends_sessions_with_an_error(self):
         e = self.env
         n = 20
