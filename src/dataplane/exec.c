@@ -941,8 +941,13 @@ static void exec_reattach(dp_exec_t *e)
   e->sc_status = 0;
   e->errbody.len = 0;
   osr_freep(&e->stream_err);
-  osr_cx_parser_dispose(&e->cx);
-  osr_cx_parser_init(&e->cx, DP_EXEC_FRAME_MAX);
+  if (e->out_pending != 3) {
+    /* Drop an envelope the loss cut. With out_pending 3 the parser holds
+     * no such thing, only the message the WebSocket is writing from its
+     * buffer (on_data), which must stay put until ws_written. */
+    osr_cx_parser_dispose(&e->cx);
+    osr_cx_parser_init(&e->cx, DP_EXEC_FRAME_MAX);
+  }
   exec_query_t q;
   memset(&q, 0, sizeof(q));
   q.pid = e->pid;
