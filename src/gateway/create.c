@@ -180,7 +180,7 @@ void osr__destroy_bg(osr_gw_t *gw, osr_provider_t *p, const char *provider_id)
     bg_destroyed(p, rv, d);
 }
 
-int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const osr_resource_t *res,
+int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const char *provider_id,
                            const char **why)
 {
   if (b == NULL) {
@@ -199,7 +199,7 @@ int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const o
   }
   if (b->state == OSR_BINDING_CREATING)
     return 1;
-  if (b->provider_id[0] != '\0' && strcmp(b->provider_id, res->provider_id) != 0) {
+  if (b->provider_id[0] != '\0' && strcmp(b->provider_id, provider_id) != 0) {
     *why = "binding points at another resource";
     return 0;
   }
@@ -1244,7 +1244,7 @@ static void rec_got(int status, const osr_binding_t *b, int created, void *data)
     rec_next_resource(r);
     return;
   }
-  if (osr__resource_is_bound(status == 0 ? b : NULL, r->p->name, &r->res[r->ri], &why)) {
+  if (osr__resource_is_bound(status == 0 ? b : NULL, r->p->name, r->res[r->ri].provider_id, &why)) {
     rec_next_resource(r);
     return;
   }

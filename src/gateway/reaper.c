@@ -19,7 +19,11 @@
  *      a live binding on that provider (fresh read) is an orphan and is
  *      destroyed; each running/paused binding of the snapshot whose resource
  *      is missing is re-read and, if it still points at that resource, is
- *      marked lost.
+ *      marked lost. The listing is matched against the snapshot inside the
+ *      adapter's callback; only the resources that match no snapshot entry
+ *      (rare: orphans, creates newer than the snapshot) are kept, as ids,
+ *      for the fresh reads, so a pass holds no copy of the provider's list
+ *      (about 1.6 KB per resource).
  *
  * Races with the API are settled by re-reading the binding right before
  * acting, and by the create flow's write order (the row names the provider
@@ -29,6 +33,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "gateway/activity.h"
 #include "gateway/metrics.h"
@@ -52,6 +59,12 @@ typedef struct live_s {
   int seen;   /* its resource was in the provider's list */
   int acted;  /* ended by this pass */
 } live_t;
+
+/* A listed resource that matched no snapshot entry: read its binding. */
+typedef struct unmatched_s {
+  char provider_id[128];
+  char sandbox_id[OSR_NAME_MAX];
+} unmatched_t;
 
 typedef struct once_s {
   void (*cb)(osr_reaper_t *r, int status, void *data);
@@ -80,7 +93,7 @@ struct osr_reaper_s {
   osr_binding_t cur;           /* fresh copy being acted on */
   size_t pi;                   /* provider */
   osr_provider_t *p;
-  osr_resource_t *res;
+  unmatched_t *res;            /* this provider's unmatched resources */
   size_t nres, ri;
   size_t li;                   /* lost scan */
 };
@@ -331,7 +344,7 @@ static void resource_next(osr_reaper_t *r)
 static void orphan_destroyed(osr_provider_t *p, int status, void *data)
 {
   osr_reaper_t *r = data;
-  const osr_resource_t *res = &r->res[r->ri];
+  const unmatched_t *res = &r->res[r->ri];
   int ok = status == 0 || status == OSR_PERR_NOT_FOUND;
   audit(r, NULL, "reap.orphan", res->sandbox_id, ok ? "ok" : osr_provider_err_name(status),
         json_pack("{s:s,s:s}", "provider", p->name, "providerId", res->provider_id));
@@ -341,11 +354,11 @@ static void orphan_destroyed(osr_provider_t *p, int status, void *data)
 static void orphan_got(int status, const osr_binding_t *b, int created, void *data)
 {
   osr_reaper_t *r = data;
-  const osr_resource_t *res = &r->res[r->ri];
+  const unmatched_t *res = &r->res[r->ri];
   const char *why = "";
   (void)created;
   if ((status != 0 && status != OSR_ENOTFOUND) || osr__create_in_flight(r->gw, res->sandbox_id) ||
-      osr__resource_is_bound(status == 0 ? b : NULL, r->p->name, res, &why)) {
+      osr__resource_is_bound(status == 0 ? b : NULL, r->p->name, res->provider_id, &why)) {
     resource_next(r);
     return;
   }
@@ -359,19 +372,7 @@ static void orphan_got(int status, const osr_binding_t *b, int created, void *da
 static void pass_resource(osr_reaper_t *r)
 {
   while (r->ri < r->nres) {
-    const osr_resource_t *res = &r->res[r->ri];
-    live_t *l = res->sandbox_id[0] ? find_live(r, res->sandbox_id) : NULL;
-    if (l != NULL && strcmp(l->provider, r->p->name) == 0 &&
-        (l->state == OSR_BINDING_CREATING || l->provider_id[0] == '\0' ||
-         strcmp(l->provider_id, res->provider_id) == 0)) {
-      l->seen = 1;
-      r->ri++;
-      continue;
-    }
-    if (res->sandbox_id[0] == '\0') {
-      r->ri++;
-      continue;
-    }
+    const unmatched_t *res = &r->res[r->ri];
     /* Not in the snapshot as this resource: read the binding now (it may
      * have been created after the snapshot) before calling it an orphan. */
     int rv = osr_store_get(r->gw->store, NULL, res->sandbox_id, orphan_got, r);
@@ -456,10 +457,27 @@ static void provider_listed(osr_provider_t *p, int status, const osr_resource_t 
     pass_provider(r);
     return;
   }
-  r->res = osr_xcalloc(n ? n : 1, sizeof(*r->res));
-  if (n > 0)
-    memcpy(r->res, res, n * sizeof(*res));
-  r->nres = n;
+  /* Match against the snapshot now, while `res` is valid; keep the rest. */
+  size_t cap = 0;
+  r->nres = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (res[i].sandbox_id[0] == '\0')
+      continue; /* not ours (no label) */
+    live_t *l = find_live(r, res[i].sandbox_id);
+    if (l != NULL && strcmp(l->provider, p->name) == 0 &&
+        (l->state == OSR_BINDING_CREATING || l->provider_id[0] == '\0' ||
+         strcmp(l->provider_id, res[i].provider_id) == 0)) {
+      l->seen = 1;
+      continue;
+    }
+    if (r->nres == cap) {
+      cap = cap ? 2 * cap : 16;
+      r->res = osr_xrealloc(r->res, cap * sizeof(*r->res));
+    }
+    unmatched_t *u = &r->res[r->nres++];
+    snprintf(u->provider_id, sizeof(u->provider_id), "%s", res[i].provider_id);
+    snprintf(u->sandbox_id, sizeof(u->sandbox_id), "%s", res[i].sandbox_id);
+  }
   r->ri = 0;
   pass_resource(r);
 }
@@ -507,14 +525,34 @@ static void stale_resolved(osr_gw_t *gw, int status, void *data)
   pass_live_page(r);
 }
 
+/* A pass's transients (the snapshot, and in the adapters the provider's
+ * list answer, its parsed tree and its resource array: ~4 KB per live
+ * sandbox) are freed by now, but glibc returns only the free space at the
+ * top of its heaps to the kernel, and any block still allocated above it
+ * (a pooled I/O block, a create in flight) pins the rest: the gateway's RSS
+ * kept the high-water of the last listing, 4 KB per tracked sandbox.
+ * malloc_trim also releases the free pages below the top (madvise); its
+ * cost scales with the free space, once per pass. */
+static void release_heap(size_t nlive)
+{
+#ifdef __GLIBC__
+  if (nlive >= 1000)
+    (void)malloc_trim(64 * 1024);
+#else
+  (void)nlive;
+#endif
+}
+
 static void pass_end(osr_reaper_t *r, int status)
 {
+  size_t nlive = r->nlive;
   if (status != 0)
     OSR_LOG_WARN(MOD, "pass failed: %s", osr__err_text(status));
   osr_freep(&r->live);
   r->nlive = r->cap = 0;
   osr_freep(&r->res);
   r->nres = 0;
+  release_heap(nlive);
   osr_binding_dispose(&r->cur);
   osr_binding_init(&r->cur);
   r->running = 0;

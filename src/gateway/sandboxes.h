@@ -101,10 +101,11 @@ typedef void (*osr__resolve_cb)(osr_gw_t *gw, int status, void *data);
  *  exactly once (inside this call only when the store cannot be asked). */
 void osr__resolve_creating(osr_gw_t *gw, int at_start, osr__resolve_cb cb, void *data);
 
-/** Should a provider resource labelled with a sandbox id be kept, given the
- *  binding the store has for that id (NULL if none)? Returns 1 to keep, 0
- *  when it is an orphan to destroy (with the reason in `why`). */
-int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const osr_resource_t *res,
+/** Should a provider resource (the provider's id `provider_id`) labelled
+ *  with a sandbox id be kept, given the binding the store has for that id
+ *  (NULL if none)? Returns 1 to keep, 0 when it is an orphan to destroy
+ *  (with the reason in `why`). */
+int osr__resource_is_bound(const osr_binding_t *b, const char *provider, const char *provider_id,
                            const char **why);
 
 /** Destroy a provider resource in the background; NOT_FOUND counts as done.

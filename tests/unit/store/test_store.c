@@ -765,6 +765,15 @@ static void test_list(void **state)
   assert_int_equal(list_all(&c, q, 6, ids, 64), N);
   q.tenant = other;
   assert_int_equal(list_all(&c, q, 6, ids, 64), 3);
+  /* The reaper's live snapshot: several states, all tenants, small pages
+   * (the cursor walks the (created_ms, id) index; ties on created_ms). */
+  q.tenant = NULL;
+  q.state_mask = (1u << OSR_BINDING_CREATING) | (1u << OSR_BINDING_RUNNING) |
+                 (1u << OSR_BINDING_PAUSED);
+  assert_int_equal(list_all(&c, q, 2, ids, 64), N);
+  q.state_mask = (1u << OSR_BINDING_RUNNING) | (1u << OSR_BINDING_PAUSED);
+  assert_int_equal(list_all(&c, q, 3, ids, 64), 11); /* odd j */
+  q.state_mask = 0;
 
   /* Reaper query: expires before a deadline (rows 0..4 expire at 1000+j). */
   q.tenant = NULL;
