@@ -5,8 +5,13 @@
  * the SQL layer of store_int.h.
  *
  * Life of a request. osr_store_*() validates and copies its arguments into an
- * osr__req_t (the caller's memory may go away at once), appends it to the
- * queue and wakes one worker. A worker takes everything queued (up to
+ * osr__req_t (the caller's memory may go away at once) and appends it to a
+ * loop-side list; once per loop turn (a prepare and a check handle, before
+ * and after the poll phase) that list moves to the queue under one lock and
+ * one wake-up. Handing requests over one at a time woke the worker for each
+ * (on one CPU it preempts the loop at once), so at C = 10 most batches held
+ * one request: 1.05 commits and 4.2 context switches per create. A worker
+ * takes everything queued (up to
  * OSR__STORE_BATCH_MAX), runs it in ONE transaction, appends the requests to
  * the done list and pokes the async handle; the loop thread then calls each
  * callback and frees the request. Because every result travels through the
@@ -165,6 +170,9 @@ struct osr__req_s {
 struct osr_store_s {
   uv_loop_t *loop;
   uv_async_t async;
+  uv_prepare_t flush_prepare;     /* hand the loop turn's requests over */
+  uv_check_t flush_check;
+  int open_handles;               /* of the three above, not yet closed */
   const osr__db_vtbl_t *be;
   osr__store_cfg_t cfg;
 
@@ -174,6 +182,7 @@ struct osr_store_s {
   void (*close_cb)(void *data);
   void *close_data;
   size_t outstanding;             /* submitted, callback not yet called */
+  osr__req_t *pend_head, *pend_tail; /* submitted this loop turn, not queued */
   uint64_t last_latency_us;
 
   /* Shared with the workers, under mu. */
@@ -498,12 +507,14 @@ static void deliver(osr_store_t *st, osr__req_t *r)
 
 /* ---- the loop-thread side ----------------------------------------------------------- */
 
-static void on_async_closed(uv_handle_t *h)
+static void on_handle_closed(uv_handle_t *h)
 {
-  osr_store_t *st = osr_container_of(h, osr_store_t, async);
+  osr_store_t *st = h->data;
   void (*cb)(void *) = st->close_cb;
   void *data = st->close_data;
 
+  if (--st->open_handles > 0)
+    return;
   uv_mutex_destroy(&st->mu);
   uv_cond_destroy(&st->cv);
   uv_mutex_destroy(&st->migrate_mu);
@@ -533,7 +544,9 @@ static void maybe_finish_close(osr_store_t *st)
   for (i = 0; i < st->nworkers; i++)
     uv_thread_join(&st->threads[i]);
   st->close_started = 1;
-  uv_close((uv_handle_t *)&st->async, on_async_closed);
+  uv_close((uv_handle_t *)&st->flush_prepare, on_handle_closed);
+  uv_close((uv_handle_t *)&st->flush_check, on_handle_closed);
+  uv_close((uv_handle_t *)&st->async, on_handle_closed);
 }
 
 static void on_async(uv_async_t *a)
@@ -559,36 +572,75 @@ static void on_async(uv_async_t *a)
   maybe_finish_close(st);
 }
 
-static int submit(osr_store_t *st, osr__req_t *r)
+/* Move the requests submitted since the last call to the workers' queue:
+ * one lock, one wake-up. */
+static void flush(osr_store_t *st)
 {
+  osr__req_t *r = st->pend_head, *next;
+  size_t queued = 0;
   int shed = 0;
 
-  r->t0 = uv_hrtime();
-  st->outstanding++;
-  uv_ref((uv_handle_t *)&st->async);
+  if (r == NULL)
+    return;
+  st->pend_head = st->pend_tail = NULL;
   uv_mutex_lock(&st->mu);
-  if (st->q_len >= OSR__STORE_QUEUE_MAX || st->no_workers) {
-    /* Shed load rather than queue without bound; the answer still arrives
-     * through the async handle, never from inside this call. */
-    r->status = OSR_EUNAVAILABLE;
-    if (st->done_tail != NULL)
-      st->done_tail->next = r;
-    else
-      st->done_head = r;
-    st->done_tail = r;
-    shed = 1;
-  } else {
-    if (st->q_tail != NULL)
-      st->q_tail->next = r;
-    else
-      st->q_head = r;
-    st->q_tail = r;
-    st->q_len++;
-    uv_cond_signal(&st->cv);
+  for (; r != NULL; r = next) {
+    next = r->next;
+    r->next = NULL;
+    if (st->q_len >= OSR__STORE_QUEUE_MAX || st->no_workers) {
+      /* Shed load rather than queue without bound; the answer still
+       * arrives through the async handle, never from inside the call. */
+      r->status = OSR_EUNAVAILABLE;
+      if (st->done_tail != NULL)
+        st->done_tail->next = r;
+      else
+        st->done_head = r;
+      st->done_tail = r;
+      shed = 1;
+    } else {
+      if (st->q_tail != NULL)
+        st->q_tail->next = r;
+      else
+        st->q_head = r;
+      st->q_tail = r;
+      st->q_len++;
+      queued++;
+    }
   }
+  /* One worker takes a whole batch; wake them all only when there is more
+   * than one request (several workers on PostgreSQL share the queue). */
+  if (queued == 1)
+    uv_cond_signal(&st->cv);
+  else if (queued > 1)
+    uv_cond_broadcast(&st->cv);
   uv_mutex_unlock(&st->mu);
   if (shed)
     uv_async_send(&st->async);
+}
+
+static void on_flush_prepare(uv_prepare_t *h)
+{
+  flush(h->data);
+}
+
+static void on_flush_check(uv_check_t *h)
+{
+  flush(h->data);
+}
+
+static int submit(osr_store_t *st, osr__req_t *r)
+{
+  r->t0 = uv_hrtime();
+  st->outstanding++;
+  uv_ref((uv_handle_t *)&st->async); /* the loop turns until it is answered */
+  r->next = NULL;
+  if (st->pend_tail != NULL)
+    st->pend_tail->next = r;
+  else
+    st->pend_head = r;
+  st->pend_tail = r;
+  if (st->closing)
+    flush(st); /* the workers are draining: no later turn to wait for */
   return 0;
 }
 
@@ -1491,11 +1543,23 @@ int osr_store_open(uv_loop_t *loop, const char *url, osr_store_open_cb cb, void 
     return rv;
   }
   uv_unref((uv_handle_t *)&st->async);
+  st->async.data = st;
+  /* Neither keeps the loop alive: a submitted request refs the async handle. */
+  uv_prepare_init(loop, &st->flush_prepare);
+  uv_check_init(loop, &st->flush_check);
+  st->flush_prepare.data = st;
+  st->flush_check.data = st;
+  uv_prepare_start(&st->flush_prepare, on_flush_prepare);
+  uv_check_start(&st->flush_check, on_flush_check);
+  uv_unref((uv_handle_t *)&st->flush_prepare);
+  uv_unref((uv_handle_t *)&st->flush_check);
+  st->open_handles = 3;
 
   /* The open request goes first in the queue: whichever worker takes it
    * connects and migrates before answering. */
   r = req_new(OP_OPEN, (any_cb_t)cb, data);
   submit(st, r);
+  flush(st);
 
   st->threads = osr_xcalloc((size_t)st->cfg.pool, sizeof(uv_thread_t));
   for (i = 0; i < st->cfg.pool; i++) {
@@ -1529,6 +1593,7 @@ void osr_store_close(osr_store_t *st, void (*cb)(void *data), void *data)
   st->closing = 1;
   st->close_cb = cb;
   st->close_data = data;
+  flush(st); /* what was submitted this turn runs before the workers stop */
   uv_ref((uv_handle_t *)&st->async);
   uv_mutex_lock(&st->mu);
   st->stopping = 1;

@@ -1079,6 +1079,54 @@ static void on_binding_count(int status, const osr_binding_t *b, int created, vo
   cl->fired++;
 }
 
+typedef struct timer_submit_s {
+  ctx_t *c;
+  res_t r;
+} timer_submit_t;
+
+static void on_timer_get(int status, const osr_binding_t *b, int created, void *data)
+{
+  timer_submit_t *ts = data;
+  (void)b;
+  (void)created;
+  ts->r.status = status;
+  ts->r.done++;
+}
+
+static void on_submit_timer(uv_timer_t *t)
+{
+  timer_submit_t *ts = t->data;
+  char id[OSR_ID_MAX];
+  uniq(id, sizeof(id), "b");
+  assert_int_equal(osr_store_get(ts->c->st, NULL, id, on_timer_get, ts), 0);
+  uv_close((uv_handle_t *)t, NULL);
+}
+
+/* Requests are handed to the workers once per loop turn. One submitted from
+ * a timer callback, with nothing else to wake the loop, must still reach
+ * them before the loop blocks in poll (the prepare-phase hand-off); without
+ * it uv_run would wait forever and the alarm fails the test. */
+static void test_submit_from_timer(void **state)
+{
+  ctx_t c;
+  uv_timer_t t;
+  timer_submit_t ts;
+  (void)state;
+
+  ctx_open(&c);
+  memset(&ts, 0, sizeof(ts));
+  ts.c = &c;
+  uv_timer_init(&c.loop, &t);
+  t.data = &ts;
+  uv_timer_start(&t, on_submit_timer, 1, 0);
+  alarm(WAIT_MS / 1000 + 5);
+  assert_int_equal(uv_run(&c.loop, UV_RUN_DEFAULT), 0);
+  alarm(0);
+  assert_int_equal(ts.r.done, 1);
+  assert_int_equal(ts.r.status, OSR_ENOTFOUND);
+  ctx_close(&c);
+}
+
 static void test_close_with_queued_work(void **state)
 {
   enum { N = 300 };
@@ -1667,6 +1715,7 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_conditional_update_race),
     cmocka_unit_test(test_idempotency),
     cmocka_unit_test(test_list),
+    cmocka_unit_test(test_submit_from_timer),
     cmocka_unit_test(test_touch),
     cmocka_unit_test(test_keys),
     cmocka_unit_test(test_audit),
