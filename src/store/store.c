@@ -572,6 +572,17 @@ static void on_async(uv_async_t *a)
   maybe_finish_close(st);
 }
 
+/* Append r to the list head..tail (the queue, the done list, the loop turn's). */
+static void req_append(osr__req_t **head, osr__req_t **tail, osr__req_t *r)
+{
+  r->next = NULL;
+  if (*tail != NULL)
+    (*tail)->next = r;
+  else
+    *head = r;
+  *tail = r;
+}
+
 /* Move the requests submitted since the last call to the workers' queue:
  * one lock, one wake-up. */
 static void flush(osr_store_t *st)
@@ -586,23 +597,14 @@ static void flush(osr_store_t *st)
   uv_mutex_lock(&st->mu);
   for (; r != NULL; r = next) {
     next = r->next;
-    r->next = NULL;
     if (st->q_len >= OSR__STORE_QUEUE_MAX || st->no_workers) {
       /* Shed load rather than queue without bound; the answer still
        * arrives through the async handle, never from inside the call. */
       r->status = OSR_EUNAVAILABLE;
-      if (st->done_tail != NULL)
-        st->done_tail->next = r;
-      else
-        st->done_head = r;
-      st->done_tail = r;
+      req_append(&st->done_head, &st->done_tail, r);
       shed = 1;
     } else {
-      if (st->q_tail != NULL)
-        st->q_tail->next = r;
-      else
-        st->q_head = r;
-      st->q_tail = r;
+      req_append(&st->q_head, &st->q_tail, r);
       st->q_len++;
       queued++;
     }
@@ -633,12 +635,7 @@ static int submit(osr_store_t *st, osr__req_t *r)
   r->t0 = uv_hrtime();
   st->outstanding++;
   uv_ref((uv_handle_t *)&st->async); /* the loop turns until it is answered */
-  r->next = NULL;
-  if (st->pend_tail != NULL)
-    st->pend_tail->next = r;
-  else
-    st->pend_head = r;
-  st->pend_tail = r;
+  req_append(&st->pend_head, &st->pend_tail, r);
   if (st->closing)
     flush(st); /* the workers are draining: no later turn to wait for */
   return 0;
@@ -1475,13 +1472,8 @@ static void worker_main(void *arg)
                   " us)", n, (uv_hrtime() - t0) / 1000, (c1 - c0) / 1000, (w1 - w0) / 1000);
 
     uv_mutex_lock(&st->mu);
-    for (i = 0; i < n; i++) {
-      if (st->done_tail != NULL)
-        st->done_tail->next = batch[i];
-      else
-        st->done_head = batch[i];
-      st->done_tail = batch[i];
-    }
+    for (i = 0; i < n; i++)
+      req_append(&st->done_head, &st->done_tail, batch[i]);
     uv_mutex_unlock(&st->mu);
     uv_async_send(&st->async);
   }
