@@ -1609,6 +1609,12 @@ static void exec_http_start(osr_dataplane_t *dp, osr_http_req_t *req, dp_exec_t 
   req->data = e;
   req->on_body = h_on_body;
   req->on_done = h_on_done;
+  /* HTTP/1.1 sends a response head with the first body write; a process
+   * that prints nothing until it has input (cat) would then leave a client
+   * that waits for the head before it sends input waiting for ever. An
+   * empty write sends the head now (HTTP/2 sends its HEADERS at once). */
+  if (req->version != 20 && osr_http_write(req, NULL, 0, 0, h_written, e) == 0)
+    e->hwriting = 1;
   exec_link(dp, e);
   OSR_LOG_DEBUG(MOD, "%s: exec %s on %s (HTTP/%s stream)", req->peer, e->start_method, e->sid,
                 req->version == 20 ? "2" : "1.1");

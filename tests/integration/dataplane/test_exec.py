@@ -409,6 +409,53 @@ class ExecHttpStream(Base):
         self.assertEqual(self.exit_code(r["status"]), 0)
         self.assertLess(peak - base, 48 * 1024, "data plane RSS grew %d KiB" % (peak - base))
 
+    def test_h1_head_before_input(self):
+        # A client that waits for the response head before it sends input to
+        # a process that prints nothing until it reads some (cat): the head
+        # must come first, without any output to carry it.
+        import socket
+        e = self.env
+        s = socket.create_connection(("127.0.0.1", e.port), timeout=30)
+        try:
+            path = "/v1/sandboxes/%s/exec?%s" % (SID, q(["cat"], stdin=True))
+            s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nX-Access-Token: %s\r\n"
+                       "Transfer-Encoding: chunked\r\n\r\n" % (path, e.token())).encode())
+            got = b""
+            while b"\r\n\r\n" not in got:
+                b = s.recv(65536)  # times out (30 s) if the head never comes
+                self.assertTrue(b, "connection closed before the head")
+                got += b
+            head, rest = got.split(b"\r\n\r\n", 1)
+            self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+            self.assertIn(b"application/vnd.osr.exec-frames", head.lower())
+            frame = b"\x00" + b"ping\n"
+            body = len(frame).to_bytes(4, "big") + frame
+            s.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            while b"0\r\n\r\n" not in rest:
+                b = s.recv(65536)
+                if not b:
+                    break
+                rest += b
+        finally:
+            s.close()
+        # Undo the chunked framing, then split the output frames.
+        data, i = b"", 0
+        while True:
+            j = rest.index(b"\r\n", i)
+            n = int(rest[i:j], 16)
+            if n == 0:
+                break
+            data += rest[j + 2:j + 2 + n]
+            i = j + 4 + n
+        frames, k = [], 0
+        while k < len(data):
+            n = int.from_bytes(data[k:k + 4], "big")
+            frames.append((data[k + 4], data[k + 5:k + 4 + n]))
+            k += 4 + n
+        self.assertIn((1, b"ping\n"), frames)
+        self.assertEqual(frames[-1][0], 3)
+        self.assertEqual(self.exit_code(json.loads(frames[-1][1])), 0)
+
     def test_refused(self):
         r = self.h2(q(["true"]), tok=self.env.token(scopes="files"), endBody=True)
         self.assertEqual(r["httpStatus"], 403)
