@@ -102,6 +102,7 @@ struct lsb_s {
   int proc_open;
   int stopped;                    /* (loop) its process is gone */
   int creating;                   /* (loop) a create op owns it */
+  int gone;                       /* (loop) torn down, kept as a tombstone (sb_forget) */
   uv_timer_t ttl;
   int ttl_open;
 };
@@ -114,7 +115,7 @@ typedef enum {
 typedef enum {
   S_PREP, S_UNTAR, S_SPAWN, S_RUNSC_RUN, S_READ_PID, S_PROBE, S_META,
   S_HANDOFF_WRITE, S_HANDOFF_INIT,
-  S_KILL_RUNSC, S_DELETE_RUNSC, S_CLEAN,
+  S_KILL_RUNSC, S_DELETE_RUNSC, S_CLEAN, S_UNLIST,
   S_CHECK, S_SCAN, S_FREEZE, S_RUNSC_PAUSE, S_TAR, S_DONE,
 } lop_step_t;
 
@@ -153,6 +154,7 @@ struct lop_s {
   size_t nfound;
   lsb_t **scanned;        /* lsb_t records built by the scan (not yet in the table) */
   size_t nscanned;
+  int scan_open;          /* counted in lp->scans until merged or freed */
   /* spawn */
   int spawn_exit;
   int pause_target;
@@ -200,6 +202,7 @@ struct lp_s {
   lop_t *ops;
   size_t nops;
   int scanned;            /* the state directory was read once */
+  unsigned scans;         /* list scans started and not yet merged (sb_forget) */
   int run_root;           /* state_dir is our own /run/osr/local-<hash> (see local_init) */
   uv_timer_t kick;        /* first scan and pool refills */
   int kick_open;
@@ -474,6 +477,39 @@ static void sb_remove(lp_t *lp, lsb_t *sb)
   sb_maybe_free(sb);
 }
 
+/* A teardown finished (its meta.json is gone). A list scan that started
+ * before then may still have read that meta.json: if the record left the
+ * table now, the scan's merge would adopt the sandbox again as one made by
+ * an earlier process and list it forever. So while any scan is in flight
+ * the record stays in the table, doomed (never listed, never found), and
+ * the last scan to merge sweeps such tombstones out (scan_end). */
+static void sb_forget(lp_t *lp, lsb_t *sb)
+{
+  if (!sb_in_table(lp, sb))
+    return;
+  if (lp->scans > 0 && !lp->closing)
+    sb->gone = 1;
+  else
+    sb_remove(lp, sb);
+}
+
+/* A list op's scan is merged (or abandoned): once no scan is in flight,
+ * no tombstone can be re-adopted any more. */
+static void scan_end(lop_t *op)
+{
+  lp_t *lp = op->lp;
+  if (!op->scan_open)
+    return;
+  op->scan_open = 0;
+  if (--lp->scans > 0 || lp->closing)
+    return;
+  for (lsb_t *s = lp->sbx, *next; s != NULL; s = next) {
+    next = s->next;
+    if (s->gone)
+      sb_remove(lp, s);
+  }
+}
+
 static lsb_t *sb_new(lp_t *lp, const char *id, osr_isolation_t iso)
 {
   lsb_t *sb = osr_xcalloc(1, sizeof(*sb));
@@ -547,6 +583,7 @@ static void op_free(lop_t *op)
 {
   lp_t *lp = op->lp;
   op_unlink(lp, op);
+  scan_end(op);
   if (op->sb != NULL)
     sb_unref(op->sb);
   osr_free(op->list);
@@ -1523,6 +1560,12 @@ static void arm_ttl(lsb_t *sb)
   uv_timer_start(&sb->ttl, on_ttl, left > 0 ? (uint64_t)left : 0, 0);
 }
 
+/* The steps a teardown runs to the end, whatever happened before. */
+static int in_teardown(lop_step_t step)
+{
+  return step == S_KILL_RUNSC || step == S_DELETE_RUNSC || step == S_CLEAN || step == S_UNLIST;
+}
+
 static void op_next(lop_t *op)
 {
   lp_t *lp = op->lp;
@@ -1534,7 +1577,7 @@ static void op_next(lop_t *op)
   /* A create whose teardown already ran (or that failed while being torn
    * down) only has to answer. */
   if (op->status != 0 && (op->kind == K_CREATE || op->kind == K_POOL) && sb->doomed &&
-      op->step != S_KILL_RUNSC && op->step != S_DELETE_RUNSC && op->step != S_CLEAN)
+      !in_teardown(op->step))
     op->step = S_DONE;
   /* A pool create cut short by close tears its sandbox down: nobody
    * else would ever find an unlabelled warm sandbox. */
@@ -1542,8 +1585,7 @@ static void op_next(lop_t *op)
     start_destroy_steps(op);
     return;
   }
-  if (op->cancelled && op->step != S_CLEAN && op->step != S_KILL_RUNSC &&
-      op->step != S_DELETE_RUNSC && op->step != S_DONE) {
+  if (op->cancelled && !in_teardown(op->step) && op->step != S_DONE) {
     op_finish(op);
     return;
   }
@@ -1685,14 +1727,19 @@ static void op_next(lop_t *op)
     rv = op_runsc(op, "delete", "--force", NULL);
     break;
   case S_CLEAN:
-    op->step = S_DONE;
-    if (sb_in_table(lp, sb))
-      sb_remove(lp, sb);
+    /* The record stays in the table (doomed) until the files are gone:
+     * a list merging meanwhile must find it, not adopt it. */
+    op->step = S_UNLIST;
     rv = op_work(op, clean_work);
     if (rv != 0) {
+      sb_forget(lp, sb);
       op_finish(op);
       return;
     }
+    break;
+  case S_UNLIST:
+    op->step = S_DONE;
+    sb_forget(lp, sb);
     break;
   case S_CHECK:
     op->step = S_DONE;
@@ -1717,6 +1764,10 @@ static void op_next(lop_t *op)
   case S_SCAN:
     op->step = S_DONE;
     rv = op_work(op, scan_work);
+    if (rv == 0) {
+      op->scan_open = 1;
+      lp->scans++;
+    }
     break;
   case S_DONE:
     break;
@@ -1841,6 +1892,7 @@ static void op_next(lop_t *op)
       fill_resource(s, &op->list[op->nlist]);
       op->nlist++;
     }
+    scan_end(op);
     if (first)
       pool_kick(lp);
     break;

@@ -519,8 +519,24 @@ class Restart(Base):
             self.assertIn(sb.id, found)
             self.assertEqual(found[sb.id]["state"], "running")
             self.assertEqual(found[sb.id]["sandbox_id"], sb.res["sandbox_id"])
+        # Each destroy runs with lists in flight (the gateway lists while
+        # it destroys): a scan that read a meta.json before the teardown
+        # removed it must not re-adopt the sandbox once its record left the
+        # table. Lists that answer after the destroy never show it again.
         for sb in made:
-            self.assertEqual(d2.call("destroy", provider_id=sb.id)["status"], "ok")
+            tags = [d2.send("list")]
+            dt = d2.send("destroy", provider_id=sb.id)
+            tags += [d2.send("list") for _ in range(3)]
+            self.assertEqual(d2.wait(dt)["status"], "ok")
+            after = [d2.send("list") for _ in range(2)]
+            for t in tags:
+                self.assertEqual(d2.wait(t)["status"], "ok")
+            # Lists sent after the destroy answered, and one sent after every
+            # overlapping list merged: the destroyed sandbox is gone for good.
+            for a in [d2.wait(t) for t in after] + [d2.call("list")]:
+                self.assertEqual(a["status"], "ok")
+                self.assertNotIn(sb.id, [r["provider_id"] for r in a["resources"]],
+                                 "a destroyed sandbox still appeared in list")
         self.assertEqual(d2.call("list")["resources"], [])
         for _ in range(100):
             if not pids_of(list(pids.values())):
