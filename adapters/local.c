@@ -103,6 +103,7 @@ struct lsb_s {
   int stopped;                    /* (loop) its process is gone */
   int creating;                   /* (loop) a create op owns it */
   int gone;                       /* (loop) torn down, kept as a tombstone (sb_forget) */
+  lop_t *handoff;                 /* (loop) a create waiting for the pool op to finish */
   uv_timer_t ttl;
   int ttl_open;
 };
@@ -144,6 +145,9 @@ struct lop_s {
   int boot_exited;        /* the container wrapper died during boot */
   char snapshot_path[L_PATH]; /* restore source / snapshot output */
   char old_token[256];    /* pool handoff: the token the warm agent has */
+  char sandbox_id[OSR_NAME_MAX]; /* pool handoff: the label and tenant it gets, */
+  char tenant[OSR_NAME_MAX];     /* applied when it starts (handoff_start) */
+  uint32_t timeout_s;
   int init_json_len;
   char *init_json;        /* pool handoff: POST /init body (osr_json_free) */
   int handoff_failed;
@@ -565,6 +569,7 @@ static json_t *meta_json(const lsb_t *sb)
 static void op_next(lop_t *op);
 static void op_finish(lop_t *op);
 static int op_work(lop_t *op, void (*fn)(uv_work_t *w));
+static void handoff_release(lsb_t *sb, int ok);
 static void pool_kick(lp_t *lp);
 static void on_kick(uv_timer_t *t);
 
@@ -584,6 +589,10 @@ static void op_free(lop_t *op)
   lp_t *lp = op->lp;
   op_unlink(lp, op);
   scan_end(op);
+  if (op->sb != NULL && op->sb->handoff == op)
+    op->sb->handoff = NULL; /* a waiting handoff that ended (close) */
+  if (op->kind == K_POOL && op->sb != NULL)
+    handoff_release(op->sb, 0);
   if (op->sb != NULL)
     sb_unref(op->sb);
   osr_free(op->list);
@@ -1793,6 +1802,7 @@ static void op_next(lop_t *op)
         op->status = OSR_PERR_BOOT_FAILED;
       if (op->kind == K_POOL) {
         lp->pools[pool_idx(sb->iso)].filling--;
+        handoff_release(sb, 0);
         /* Refill again later, not now: a runtime that fails every boot
          * must not turn the pool into a busy loop. Give up after a run of
          * failures (creates are cold from then on). */
@@ -1824,7 +1834,8 @@ static void op_next(lop_t *op)
     if (op->kind == K_POOL) {
       lp->pools[pool_idx(sb->iso)].filling--;
       lp->pool_failures = 0;
-      pool_kick(lp);
+      pool_kick(lp); /* before the handoff: it still counts as warm (no refill yet) */
+      handoff_release(sb, 1);
     } else {
       arm_ttl(sb);
     }
@@ -2193,13 +2204,49 @@ static int env_pack(lop_t *op, const json_t *env)
   return 0;
 }
 
+/* A warm sandbox to hand out: its agent answered (ready). Its pool op may
+ * still be writing meta.json (the last step, `creating` still set): the
+ * handoff then waits for it (handoff_release), so a sandbox whose meta.json
+ * says ready is always the one a create gets, and it is never handed out
+ * before its pool op is done. */
 static lsb_t *pool_take(lp_t *lp, osr_isolation_t iso, const char *tmpl)
 {
   for (lsb_t *s = lp->sbx; s != NULL; s = s->next)
-    if (s->warm && s->ready && !s->doomed && s->iso == iso && strcmp(s->tmpl, tmpl) == 0 &&
-        s->refs == 0)
+    if (s->warm && s->ready && !s->doomed && s->handoff == NULL && s->iso == iso &&
+        strcmp(s->tmpl, tmpl) == 0)
       return s;
   return NULL;
+}
+
+/* Give the warm sandbox its label and start the handoff (token file + POST
+ * /init); from here it is a create op like any other. */
+static void handoff_start(lop_t *op)
+{
+  lsb_t *w = op->sb;
+  w->warm = 0;
+  cpy(w->sandbox_id, sizeof(w->sandbox_id), op->sandbox_id);
+  cpy(w->tenant, sizeof(w->tenant), op->tenant);
+  w->created_ms = now_ms();
+  w->expires_ms = op->timeout_s ? w->created_ms + (int64_t)op->timeout_s * 1000 : 0;
+  w->creating = 1;
+  uv_timer_start(&op->timer, on_op_timer, 0, 0);
+}
+
+/* The pool op of a warm sandbox ended: start the handoff waiting for it,
+ * or fail it (the sandbox is being torn down) from the timer. */
+static void handoff_release(lsb_t *sb, int ok)
+{
+  lop_t *h = sb->handoff;
+  if (h == NULL)
+    return;
+  sb->handoff = NULL;
+  if (ok && !sb->doomed) {
+    handoff_start(h);
+    return;
+  }
+  op_fail(h, OSR_PERR_BOOT_FAILED);
+  h->step = S_DONE;
+  uv_timer_start(&h->timer, on_op_timer, 0, 0);
 }
 
 static int start_create(lp_t *lp, const osr_sandbox_spec_t *spec, osr_isolation_t iso,
@@ -2240,11 +2287,9 @@ static int start_create(lp_t *lp, const osr_sandbox_spec_t *spec, osr_isolation_
       }
       /* The warm agent was started with the token "pool-<id>"; the handoff
        * replaces it (token file + POST /init) before anyone sees it. */
-      w->warm = 0;
-      cpy(w->sandbox_id, sizeof(w->sandbox_id), spec->sandbox_id);
-      cpy(w->tenant, sizeof(w->tenant), spec->tenant);
-      w->created_ms = now_ms();
-      w->expires_ms = spec->timeout_s ? w->created_ms + (int64_t)spec->timeout_s * 1000 : 0;
+      cpy(op->sandbox_id, sizeof(op->sandbox_id), spec->sandbox_id);
+      cpy(op->tenant, sizeof(op->tenant), spec->tenant);
+      op->timeout_s = spec->timeout_s;
       fmt(op->old_token, sizeof(op->old_token), "pool-%s", w->id);
       cpy(op->token, sizeof(op->token), spec->agent_token);
       json_t *envs = json_object();
@@ -2274,8 +2319,12 @@ static int start_create(lp_t *lp, const osr_sandbox_spec_t *spec, osr_isolation_
       json_decref(body);
       op->step = S_HANDOFF_WRITE;
       op->t0_ns = uv_hrtime();
-      w->creating = 1;
-      uv_timer_start(&op->timer, on_op_timer, 0, 0);
+      if (w->creating) {
+        OSR_LOG_DEBUG(MOD, "%s: taken from the pool while its meta.json is written: handed out "
+                      "when that is done", w->id);
+        w->handoff = op;
+      } else
+        handoff_start(op);
       /* The refill starts when the handoff is done (op_next), not now: its
        * prepare job would queue in the thread pool ahead of the handoff's. */
       return 0;

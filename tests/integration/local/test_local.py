@@ -596,9 +596,12 @@ class Restart(Base):
 class WarmPool(Base):
     CLASS = "container"
 
-    def wait_warm(self, cls, exclude=()):
-        """The provider id of a ready warm sandbox of `cls` (meta.json says so)."""
-        for _ in range(600):
+    def wait_warm(self, cls, exclude=(), poll=0.05):
+        """The provider id of a ready warm sandbox of `cls` (meta.json says so).
+        That is the condition for a create to get it: the adapter takes a warm
+        sandbox whose meta.json is still being written and hands it out once
+        its pool op is done."""
+        for _ in range(int(30 / poll)):
             for n in os.listdir(self.state):
                 if n in exclude:
                     continue
@@ -609,8 +612,22 @@ class WarmPool(Base):
                         return n
                 except (OSError, ValueError, KeyError):
                     pass
-            time.sleep(0.05)
+            time.sleep(poll)
         self.fail("the %s pool never filled" % cls)
+
+    def test_create_as_soon_as_meta_says_ready(self):
+        # The create is sent the moment meta.json says ready (polled every
+        # millisecond), often while the pool op that wrote it has not
+        # finished on the loop: it must get the warm sandbox all the same.
+        for _ in range(5):
+            d = self.driver(warm_pool={"container": 1})
+            warm = self.wait_warm("container", poll=0.001)
+            sb = self.create(d)
+            self.assertEqual(sb.id, warm, "the create did not get the ready warm sandbox")
+            self.assertEqual(sb.start("echo warm")[1], b"warm\n")
+            self.assertEqual(d.call("destroy", provider_id=sb.id)["status"], "ok")
+            d.close()  # destroys the refill
+            self.assertEqual([n for n in os.listdir(self.state) if n.startswith("l")], [])
 
     def run_warm(self, cls):
         d = self.driver(warm_pool={cls: 1})
