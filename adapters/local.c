@@ -2323,8 +2323,9 @@ static int start_create(lp_t *lp, const osr_sandbox_spec_t *spec, osr_isolation_
         OSR_LOG_DEBUG(MOD, "%s: taken from the pool while its meta.json is written: handed out "
                       "when that is done", w->id);
         w->handoff = op;
-      } else
+      } else {
         handoff_start(op);
+      }
       /* The refill starts when the handoff is done (op_next), not now: its
        * prepare job would queue in the thread pool ahead of the handoff's. */
       return 0;
