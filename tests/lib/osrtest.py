@@ -40,6 +40,20 @@ def run(argv=None):
     sys.exit(0 if res.wasSuccessful() and res.testsRun > 0 else 1)
 
 
+def rss_kib(pid):
+    """Resident set size of a process, KiB (0 if /proc does not say)."""
+    with open("/proc/%d/status" % pid) as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1])
+    return 0
+
+
+def fd_count(pid):
+    """Open descriptors of a process."""
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
 class Proc:
     """A child process whose stdout is read line by line in a thread."""
 
@@ -106,11 +120,7 @@ class Proc:
         return self.p.returncode
 
     def rss_kib(self):
-        with open("/proc/%d/status" % self.p.pid) as f:
-            for ln in f:
-                if ln.startswith("VmRSS:"):
-                    return int(ln.split()[1])
-        return 0
+        return rss_kib(self.p.pid)
 
 
 class Testd:

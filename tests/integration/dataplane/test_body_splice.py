@@ -54,18 +54,6 @@ class Backend(tfp.Backend):
         self.close_connection = True
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for ln in f:
-            if ln.startswith("VmRSS:"):
-                return int(ln.split()[1])
-    return 0
-
-
-def fd_count(pid):
-    return len(os.listdir("/proc/%d/fd" % pid))
-
-
 class Reader:
     """An HTTP/1.1 client on one socket, reading responses in place."""
 
@@ -125,10 +113,10 @@ class BodySplice(unittest.TestCase, tfp.BackendMixin):
     def wait_fds(self, pid, fds, why):
         """Up to 5 s for pid to hold at most fds descriptors again."""
         for _ in range(50):
-            if fd_count(pid) <= fds:
+            if osrtest.fd_count(pid) <= fds:
                 break
             time.sleep(0.1)
-        self.assertLessEqual(fd_count(pid), fds, why)
+        self.assertLessEqual(osrtest.fd_count(pid), fds, why)
 
     def big_path(self, name="big"):
         return "/sbx/%s/%d/%s" % (tdp.SID, self.bport, name)
@@ -142,7 +130,7 @@ class BodySplice(unittest.TestCase, tfp.BackendMixin):
         r, data = env.request("GET", self.big_path("small"), {"X-Access-Token": tok})
         self.assertEqual((r.status, data), (200, b"ok"))
         base_pipes = pipes(pid)
-        rss0 = rss_kib(pid)
+        rss0 = osrtest.rss_kib(pid)
         c = Reader(env.port)
         c.get(self.big_path(), tok)
         status, cl = c.head()
@@ -150,7 +138,7 @@ class BodySplice(unittest.TestCase, tfp.BackendMixin):
         self.assertTrue(c.fill(1 << 20), "closed early")
         check_pipes(self, pid, base_pipes, splice, "the body")
         time.sleep(0.5)  # let whatever would be read ahead pile up
-        grew = rss_kib(pid) - rss0
+        grew = osrtest.rss_kib(pid) - rss0
         self.assertLess(grew, 16 * 1024, "the data plane grew by %d KiB for a paused body" % grew)
         ok, data = c.body(len(BIG))
         self.assertTrue(ok, "closed after %d of %d bytes" % (len(data), len(BIG)))
@@ -180,7 +168,7 @@ class BodySplice(unittest.TestCase, tfp.BackendMixin):
             c.close()
             # The server closes mid-body: the client's connection ends short.
             time.sleep(0.5)
-            fds = fd_count(pid)
+            fds = osrtest.fd_count(pid)
             c = Reader(env.port)
             c.get(self.big_path("short"), tok)
             self.assertEqual(c.head(), (200, SHORT_CL))

@@ -200,10 +200,6 @@ def settled_holders(port, pids):
         time.sleep(0.02)
 
 
-def fd_count(pid):
-    return len(os.listdir("/proc/%d/fd" % pid))
-
-
 class BackendMixin:
     def start_backend(self, handler=Backend):
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -478,7 +474,7 @@ class FdPassHostile(unittest.TestCase, BackendMixin):
             ep = "unix:" + fake.path
             tok = env.token(scopes="ports", ports=str(self.bport), ep=ep)
             dp_pid = env.dp.p.pid
-            base_fds = fd_count(dp_pid)
+            base_fds = osrtest.fd_count(dp_pid)
 
             def get():
                 return env.request("GET", "/sbx/%s/%d/small" % (tdp.SID, self.bport),
@@ -538,9 +534,9 @@ class FdPassHostile(unittest.TestCase, BackendMixin):
             # pooled connections of the good cases, the data plane holds no
             # more descriptors than before the first request.
             deadline = time.time() + 15
-            while fd_count(dp_pid) > base_fds and time.time() < deadline:
+            while osrtest.fd_count(dp_pid) > base_fds and time.time() < deadline:
                 time.sleep(0.2)
-            self.assertLessEqual(fd_count(dp_pid), base_fds)
+            self.assertLessEqual(osrtest.fd_count(dp_pid), base_fds)
             self.assertIn("descriptor handshake refused", env.dp.stderr_text())
         finally:
             fake.close()
