@@ -362,7 +362,7 @@ static void keys_refresh(osr_dataplane_t *dp)
   keys_fetch_t *f = osr_xcalloc(1, sizeof(*f));
   f->dp = dp;
   osr_buf_init(&f->body, DP_KEYS_JSON_MAX);
-  snprintf(f->path, sizeof(f->path), "%s", hp[hn] != '\0' ? hp + hn : "/");
+  osr__dp_copy_str(f->path, sizeof(f->path), hp[hn] != '\0' ? hp + hn : "/");
   snprintf(f->authority, sizeof(f->authority), "%.*s", (int)hn, hp);
   char addr[320];
   snprintf(addr, sizeof(addr), "%.*s", (int)hn, hp);

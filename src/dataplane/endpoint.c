@@ -96,7 +96,7 @@ static void on_binding(int status, const osr_binding_t *b, void *data)
         ep = b->agent_endpoint;
       if (strcmp(e->endpoint, ep) != 0 && e->fetched != 0)
         OSR_LOG_INFO(MOD, "sandbox %s: agent endpoint now %s", l->sid, ep[0] ? ep : "(token's)");
-      snprintf(e->endpoint, sizeof(e->endpoint), "%s", ep);
+      osr__dp_copy_str(e->endpoint, sizeof(e->endpoint), ep);
       e->fetched = uv_now(dp->loop) | 1;
     } else {
       /* Redis down or slow: keep what we had; the next request retries. */
@@ -128,7 +128,7 @@ const char *osr__dp_endpoint_for(osr_dataplane_t *dp, const char *sid)
         return NULL; /* every entry has a read in flight: skip the cache */
     }
     e = osr_xcalloc(1, sizeof(*e));
-    snprintf(e->sid, sizeof(e->sid), "%s", sid);
+    osr__dp_copy_str(e->sid, sizeof(e->sid), sid);
     unsigned b = ep_hash(sid);
     e->next = c->buckets[b];
     c->buckets[b] = e;
@@ -137,7 +137,7 @@ const char *osr__dp_endpoint_for(osr_dataplane_t *dp, const char *sid)
   if (!e->busy && osr_redis_is_connected(dp->redis)) {
     ep_lookup_t *l = osr_xcalloc(1, sizeof(*l));
     l->dp = dp;
-    snprintf(l->sid, sizeof(l->sid), "%s", sid);
+    osr__dp_copy_str(l->sid, sizeof(l->sid), sid);
     if (osr_redis_get_binding(dp->redis, sid, on_binding, l) == 0) {
       e->busy = 1;
       dp->m.ep_lookups++;

@@ -100,7 +100,7 @@ static dp_pool_t *pool_find(osr_dataplane_t *dp, const char *addr, uint16_t port
   if (!create)
     return NULL;
   dp_pool_t *p = osr_xcalloc(1, sizeof(*p));
-  snprintf(p->addr, sizeof(p->addr), "%s", addr);
+  osr__dp_copy_str(p->addr, sizeof(p->addr), addr);
   p->port = port;
   p->tls = tls;
   p->next = dp->pools[b];
@@ -129,7 +129,7 @@ static void pool_put(osr_dataplane_t *dp, const char *addr, uint16_t port, int t
     osr_http_client_close(c);
     return;
   }
-  dp_conn_t *k = osr_xcalloc(1, sizeof(*k));
+  dp_conn_t *k = osr_xmalloc(sizeof(*k));
   k->c = c;
   k->since = uv_now(dp->loop);
   k->next = p->idle;
@@ -188,7 +188,7 @@ static void agent_token_for(osr_dataplane_t *dp, const char *addr, uint16_t port
       out[0] = '\0';
       return;
     }
-    snprintf(p->tok_sid, sizeof(p->tok_sid), "%s", sid);
+    osr__dp_copy_str(p->tok_sid, sizeof(p->tok_sid), sid);
   }
   memcpy(out, p->agent_tok, sizeof(p->agent_tok));
 }
@@ -243,7 +243,7 @@ static dp_gate_t *gate_get(osr_dataplane_t *dp, const char *addr)
     if (strcmp(g->addr, addr) == 0)
       return g;
   dp_gate_t *g = osr_xcalloc(1, sizeof(*g));
-  snprintf(g->addr, sizeof(g->addr), "%s", addr);
+  osr__dp_copy_str(g->addr, sizeof(g->addr), addr);
   g->next = dp->gates[b];
   dp->gates[b] = g;
   return g;
@@ -676,7 +676,7 @@ static int tunnel_open(osr_dataplane_t *dp, const char *addr, int tls, uint16_t 
                        void *data)
 {
   tunnel_t *t = osr_xcalloc(1, sizeof(*t));
-  snprintf(t->agent_tok, sizeof(t->agent_tok), "%s", agent_tok != NULL ? agent_tok : "");
+  osr__dp_copy_str(t->agent_tok, sizeof(t->agent_tok), agent_tok != NULL ? agent_tok : "");
   t->cb = cb;
   t->data = data;
   t->port = port;
@@ -956,6 +956,10 @@ static void creq_on_response(osr_http_creq_t *r, int status, const osr_http_head
   for (size_t i = 0; i < n; i++)
     if (name_is(h[i].name, "connection"))
       conn = &h[i].value;
+  /* The common "Connection: keep-alive" names only a header hop_by_hop
+   * drops anyway: skip scanning it once per header. */
+  if (conn != NULL && name_is(*conn, "keep-alive"))
+    conn = NULL;
   for (size_t i = 0; i < n && k < DP_RESP_HEADERS_MAX; i++) {
     if (name_is(h[i].name, "content-length")) {
       char tmp[24];
@@ -1187,12 +1191,23 @@ static int stream_issue(dp_stream_t *st)
     }
   }
   char method[32];
-  snprintf(method, sizeof(method), "%.*s", (int)req->method.len, req->method.base);
-  char *auth = NULL;
-  if (st->up != NULL)
-    auth = osr_xstrdup(up_auth);
-  else if (req->authority.len > 0)
-    auth = osr_xstrndup(req->authority.base, req->authority.len);
+  size_t ml = req->method.len < sizeof(method) - 1 ? req->method.len : sizeof(method) - 1;
+  memcpy(method, req->method.base, ml);
+  method[ml] = '\0';
+  /* The authority is copied into the head by the call below: a stack copy
+   * serves unless it is long. */
+  char auth_small[256];
+  char *auth_heap = NULL;
+  const char *auth = NULL;
+  if (st->up != NULL) {
+    auth = up_auth;
+  } else if (req->authority.len >= sizeof(auth_small)) {
+    auth = auth_heap = osr_xstrndup(req->authority.base, req->authority.len);
+  } else if (req->authority.len > 0) {
+    memcpy(auth_small, req->authority.base, req->authority.len);
+    auth_small[req->authority.len] = '\0';
+    auth = auth_small;
+  }
   osr_http_client_req_t cr = {
       .method = method,
       .target = st->target,
@@ -1203,7 +1218,7 @@ static int stream_issue(dp_stream_t *st)
   };
   int rv = osr_http_client_request(st->client, &cr, &creq_events, st, &st->creq);
   osr_free(h);
-  osr_free(auth);
+  osr_free(auth_heap);
   return rv;
 }
 
@@ -1713,14 +1728,14 @@ static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char
   dp_upg_t *u = osr_xcalloc(1, sizeof(*u));
   u->dp = dp;
   u->req = req;
-  snprintf(u->sid, sizeof(u->sid), "%s", sid);
+  osr__dp_copy_str(u->sid, sizeof(u->sid), sid);
   dp->nstreams++;
   osr__dp_act_close(dp, osr__dp_act_open(dp, sid)); /* the attempt is activity too */
   req->data = u;
   req->on_done = upg_req_done;
   u->head = head;
   u->head_len = hl;
-  snprintf(u->addr, sizeof(u->addr), "%s", addr);
+  osr__dp_copy_str(u->addr, sizeof(u->addr), addr);
   u->tls = tls;
   u->port = port;
   u->remote = up != NULL;
@@ -1753,8 +1768,8 @@ static void forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, 
   dp_stream_t *st = osr_xcalloc(1, sizeof(*st));
   st->dp = dp;
   st->req = req;
-  snprintf(st->addr, sizeof(st->addr), "%s", addr);
-  snprintf(st->sid, sizeof(st->sid), "%s", sid);
+  osr__dp_copy_str(st->addr, sizeof(st->addr), addr);
+  osr__dp_copy_str(st->sid, sizeof(st->sid), sid);
   st->target = osr_xstrdup(target);
   st->port = port;
   st->tls = tls;

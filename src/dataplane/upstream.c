@@ -176,7 +176,7 @@ int osr__dp_upstream_open(osr_dataplane_t *dp, const char *ep, const char *sid, 
     if (c->count >= UP_MAX)
       up_drop(c, NULL);
     up_ent_t *e = osr_xcalloc(1, sizeof(*e));
-    snprintf(e->sid, sizeof(e->sid), "%s", sid);
+    osr__dp_copy_str(e->sid, sizeof(e->sid), sid);
     e->slen = slen;
     e->sealed = osr_xmalloc(slen + 1);
     memcpy(e->sealed, sealed, slen + 1);

@@ -50,6 +50,7 @@
 #include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "http1"
 
@@ -138,7 +139,7 @@ struct h1conn_s {
   unsigned closing : 1;
   unsigned peer_eof : 1;
   char *errbuf;         /* our error response (allocated when one is sent) */
-  char peer[64];
+  osr_sock_peer_t peer; /* formatted per request and per log line */
 };
 
 static void process_input(h1conn_t *c);
@@ -147,6 +148,14 @@ static void exchange_done(h1conn_t *c);
 static const osr_iovec_t EMPTY_CHUNK = {NULL, 0};
 
 /* ---- helpers --------------------------------------------------------------- */
+
+/* The peer's printable form for a log line (formatted only if it is
+ * written: OSR_LOG evaluates its arguments only at an enabled level). */
+static const char *peer_text(const h1conn_t *c, char buf[64])
+{
+  osr_sock_peer_format(&c->peer, buf, 64);
+  return buf;
+}
 
 static int sock_usable(const h1conn_t *c)
 {
@@ -267,7 +276,8 @@ static void conn_fail(h1conn_t *c, int status, int err)
     conn_close(c, err);
     return;
   }
-  OSR_LOG_DEBUG(MOD, "%s: %d (%s)", c->peer, status, osr_strerror(err));
+  char pb[64];
+  OSR_LOG_DEBUG(MOD, "%s: %d (%s)", peer_text(c, pb), status, osr_strerror(err));
   osr_timer_stop(&c->timer);
   c->timer_mode = TIMER_NONE;
   osr_sock_read_stop(c->sock);
@@ -403,7 +413,8 @@ static void on_sock_timeout(osr_sock_t *s)
    * the handler (it holds the body or has not answered yet), that is the
    * handler's business: keep waiting. */
   if (r->write_inflight || (!r->body_complete && !r->held)) {
-    OSR_LOG_DEBUG(MOD, "%s: idle timeout mid-request", c->peer);
+    char pb[64];
+    OSR_LOG_DEBUG(MOD, "%s: idle timeout mid-request", peer_text(c, pb));
     conn_close(c, OSR_ETIMEDOUT);
     return;
   }
@@ -535,7 +546,7 @@ static h1req_t *new_req(h1conn_t *c, const osr_h1p_t *p)
   q->expect_body = p->chunked || p->content_length > 0;
   q->is_tls = osr_sock_is_tls(c->sock);
   q->scheme = q->is_tls ? osr_iov("https", 5) : osr_iov("http", 4);
-  memcpy(q->peer, c->peer, sizeof(q->peer));
+  osr_sock_peer_format(&c->peer, q->peer, sizeof(q->peer));
   q->sock = c->sock;
   q->server = c->srv;
   r->conn = c;
@@ -651,7 +662,8 @@ static void handoff_h2(h1conn_t *c)
 {
   osr_sock_t *s = c->sock;
   osr_http_server_t *srv = c->srv;
-  OSR_LOG_DEBUG(MOD, "%s: h2c prior knowledge", c->peer);
+  char pb[64];
+  OSR_LOG_DEBUG(MOD, "%s: h2c prior knowledge", peer_text(c, pb));
   osr_timer_stop(&c->timer);
   osr_sock_set_idle_timeout(s, 0);
   osr_sock_set_events(s, NULL, NULL);
@@ -798,17 +810,6 @@ static void head_put(h1req_t *r, const char *p, size_t n)
 
 #define HEAD_PUT_LIT(r, lit) head_put((r), (lit), sizeof(lit) - 1)
 
-/* Decimal digits of v into the end of buf[20]; returns the first digit. */
-static char *fmt_u64(char buf[20], uint64_t v)
-{
-  char *p = buf + 20;
-  do {
-    *--p = (char)('0' + v % 10);
-    v /= 10;
-  } while (v != 0);
-  return p;
-}
-
 /* Bytes format_head() and h1_respond() may add beyond the caller's headers:
  * status line digits, date, and one framing line plus "connection" and the
  * blank line ("content-length: " + 20 digits + CRLF is the longest). */
@@ -898,7 +899,7 @@ static int h1_respond(osr_http_req_t *req, int status, const osr_http_header_t *
     return rv;
   if (status != 204 && status != 304 && content_length >= 0) {
     char digits[20];
-    char *d = fmt_u64(digits, (uint64_t)content_length);
+    char *d = osr_fmt_u64(digits, (uint64_t)content_length);
     HEAD_PUT_LIT(r, "content-length: ");
     head_put(r, d, (size_t)(digits + sizeof(digits) - d));
     HEAD_PUT_LIT(r, "\r\n");
@@ -1140,8 +1141,7 @@ void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s)
   c->opts = osr__http_server_opts(srv);
   c->sock = s;
   c->sniff = !osr_sock_is_tls(s);
-  if (osr_sock_peername(s, c->peer, sizeof(c->peer)) != 0)
-    snprintf(c->peer, sizeof(c->peer), "unknown");
+  (void)osr_sock_peer(s, &c->peer); /* family 0 ("unknown") on error */
   osr_timer_init(&c->timer, osr_loopctx_acquire(s->loop));
 
   osr_sock_set_events(s, &sock_events, c);

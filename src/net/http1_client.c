@@ -29,6 +29,7 @@
 #include "net/http1_parse.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "http1c"
 #define INLINE_IOVS 16
@@ -460,6 +461,14 @@ static void activate_next(h1client_t *c)
 
 /* ---- client ops -------------------------------------------------------------------- */
 
+static char *put_str(char *w, const char *s, size_t n)
+{
+  memcpy(w, s, n);
+  return w + n;
+}
+
+#define PUT_LIT(w, lit) put_str((w), (lit), sizeof(lit) - 1)
+
 static int hname_is(osr_iovec_t n, const char *s)
 {
   size_t l = strlen(s);
@@ -503,33 +512,47 @@ static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,
   r->super.data = data;
   r->content_length = req->content_length;
   r->is_head = strcasecmp(req->method, "HEAD") == 0;
+  /* The head is written in place: `need` bounds it (the fixed text, the
+   * framing line and the blank line fit in its 128 spare bytes). */
   osr_buf_init(&r->head, need);
-  int rv = osr_buf_appendf(&r->head, "%s %s HTTP/1.1\r\nhost: %s\r\n", req->method, req->target,
-                           auth);
-  for (size_t i = 0; rv == 0 && i < req->nheaders; i++) {
+  osr_iovec_t t;
+  int rv = osr_buf_reserve(&r->head, need, &t);
+  if (rv != 0) {
+    free_creq(r);
+    return rv;
+  }
+  char *w = t.base;
+  w = put_str(w, req->method, strlen(req->method));
+  *w++ = ' ';
+  w = put_str(w, req->target, strlen(req->target));
+  w = PUT_LIT(w, " HTTP/1.1\r\nhost: ");
+  w = put_str(w, auth, strlen(auth));
+  w = PUT_LIT(w, "\r\n");
+  for (size_t i = 0; i < req->nheaders; i++) {
     const osr_http_header_t *h = &req->headers[i];
     /* Host and the framing headers are ours. */
     if (hname_is(h->name, "host") || hname_is(h->name, "content-length") ||
         hname_is(h->name, "transfer-encoding") || hname_is(h->name, "connection"))
       continue;
-    rv = osr_buf_appendf(&r->head, "%.*s: %.*s\r\n", (int)h->name.len, h->name.base,
-                         (int)h->value.len, h->value.base);
+    w = put_str(w, h->name.base, h->name.len);
+    w = PUT_LIT(w, ": ");
+    w = put_str(w, h->value.base, h->value.len);
+    w = PUT_LIT(w, "\r\n");
   }
-  if (rv == 0) {
-    int bodyful_method = !(strcasecmp(req->method, "GET") == 0 || r->is_head ||
-                           strcasecmp(req->method, "DELETE") == 0 ||
-                           strcasecmp(req->method, "OPTIONS") == 0);
-    if (req->content_length < 0)
-      rv = osr_buf_appendf(&r->head, "transfer-encoding: chunked\r\n");
-    else if (req->content_length > 0 || bodyful_method)
-      rv = osr_buf_appendf(&r->head, "content-length: %lld\r\n", (long long)req->content_length);
+  int bodyful_method = !(strcasecmp(req->method, "GET") == 0 || r->is_head ||
+                         strcasecmp(req->method, "DELETE") == 0 ||
+                         strcasecmp(req->method, "OPTIONS") == 0);
+  if (req->content_length < 0) {
+    w = PUT_LIT(w, "transfer-encoding: chunked\r\n");
+  } else if (req->content_length > 0 || bodyful_method) {
+    char digits[20];
+    char *d = osr_fmt_u64(digits, (uint64_t)req->content_length);
+    w = PUT_LIT(w, "content-length: ");
+    w = put_str(w, d, (size_t)(digits + sizeof(digits) - d));
+    w = PUT_LIT(w, "\r\n");
   }
-  if (rv == 0)
-    rv = osr_buf_append(&r->head, "\r\n", 2);
-  if (rv != 0) {
-    free_creq(r);
-    return rv;
-  }
+  w = PUT_LIT(w, "\r\n");
+  osr_buf_commit(&r->head, (size_t)(w - t.base));
 
   if (c->q_tail != NULL)
     c->q_tail->next = r;

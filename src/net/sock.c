@@ -23,6 +23,7 @@
 #include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 typedef osr__sock_wreq_t write_req_t;
 
@@ -743,27 +744,104 @@ const char *osr_sock_sni(const osr_sock_t *s)
   return s->_tls != NULL ? osr__tls_sni(s->_tls) : NULL;
 }
 
-int osr_sock_peername(const osr_sock_t *s, char *out, size_t outlen)
+int osr_sock_peer(const osr_sock_t *s, osr_sock_peer_t *out)
 {
   struct sockaddr_storage ss;
   int len = sizeof(ss);
-  char host[64];
 
+  memset(out, 0, sizeof(*out));
   if (s->_flags & OSR_SOCK_F_IS_PIPE) {
-    snprintf(out, outlen, "unix");
+    out->family = AF_UNIX;
     return 0;
   }
   int rv = uv_tcp_getpeername(&s->_h.tcp, (struct sockaddr *)&ss, &len);
   if (rv != 0)
     return rv;
   if (ss.ss_family == AF_INET6) {
-    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-    uv_ip6_name(a, host, sizeof(host));
-    snprintf(out, outlen, "[%s]:%u", host, ntohs(a->sin6_port));
-  } else {
-    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-    uv_ip4_name(a, host, sizeof(host));
-    snprintf(out, outlen, "%s:%u", host, ntohs(a->sin_port));
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+    out->family = AF_INET6;
+    out->port = ntohs(a->sin6_port);
+    memcpy(out->addr, &a->sin6_addr, 16);
+  } else if (ss.ss_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+    out->family = AF_INET;
+    out->port = ntohs(a->sin_port);
+    memcpy(out->addr, &a->sin_addr, 4);
   }
+  return 0;
+}
+
+/* Decimal digits of v at p (no NUL); returns the end. */
+static char *put_u(char *p, unsigned v)
+{
+  char d[20];
+  char *f = osr_fmt_u64(d, v);
+  while (f < d + sizeof(d))
+    *p++ = *f++;
+  return p;
+}
+
+/* One IPv4 octet's digits at p; returns the end. */
+static char *put_octet(char *p, unsigned v)
+{
+  if (v >= 100)
+    *p++ = (char)('0' + v / 100);
+  if (v >= 10)
+    *p++ = (char)('0' + v / 10 % 10);
+  *p++ = (char)('0' + v % 10);
+  return p;
+}
+
+void osr_sock_peer_format(const osr_sock_peer_t *p, char *out, size_t outlen)
+{
+  /* Longest: "[" 45-byte IPv6 text "]:" 5 digits, NUL. Written straight
+   * into `out` when it has room (the per-request case), else truncated
+   * from a local copy. */
+  char tmp[64];
+  char *buf = outlen >= sizeof(tmp) ? out : tmp;
+  char *e = buf;
+
+  if (p->family == AF_INET) {
+    for (int i = 0; i < 4; i++) {
+      e = put_octet(e, p->addr[i]);
+      *e++ = i < 3 ? '.' : ':';
+    }
+    e = put_u(e, p->port);
+  } else if (p->family == AF_INET6) {
+    struct sockaddr_in6 a;
+    memset(&a, 0, sizeof(a));
+    a.sin6_family = AF_INET6;
+    memcpy(&a.sin6_addr, p->addr, 16);
+    *e++ = '[';
+    if (uv_ip6_name(&a, e, sizeof(tmp) - 10) != 0)
+      *e = '\0';
+    e += strlen(e);
+    *e++ = ']';
+    *e++ = ':';
+    e = put_u(e, p->port);
+  } else {
+    const char *w = p->family == AF_UNIX ? "unix" : "unknown";
+    size_t n = strlen(w);
+    memcpy(e, w, n);
+    e += n;
+  }
+  size_t n = (size_t)(e - buf);
+  if (buf == out) {
+    out[n] = '\0';
+    return;
+  }
+  if (n >= outlen)
+    n = outlen - 1;
+  memcpy(out, buf, n);
+  out[n] = '\0';
+}
+
+int osr_sock_peername(const osr_sock_t *s, char *out, size_t outlen)
+{
+  osr_sock_peer_t p;
+  int rv = osr_sock_peer(s, &p);
+  if (rv != 0)
+    return rv;
+  osr_sock_peer_format(&p, out, outlen);
   return 0;
 }

@@ -191,6 +191,23 @@ static inline int osr_sock_is_tls(const osr_sock_t *s)
  *  "unix"). Returns 0 or an error. */
 int osr_sock_peername(const osr_sock_t *s, char *out, size_t outlen);
 
+/** A peer address in binary (20 bytes, vs 64 for the printable form): what a
+ *  long-lived connection keeps, formatted only when a request or a log line
+ *  needs it. family 0 = unknown. */
+typedef struct osr_sock_peer_s {
+  uint8_t family; /**< AF_INET, AF_INET6, AF_UNIX or 0 */
+  uint8_t pad_;
+  uint16_t port;  /**< host order */
+  uint8_t addr[16]; /**< IPv4 in the first 4 bytes */
+} osr_sock_peer_t;
+
+/** Fill `out` with the socket's peer (family 0 if it cannot be read).
+ *  Returns 0 or an error. */
+int osr_sock_peer(const osr_sock_t *s, osr_sock_peer_t *out);
+/** Format `p` as osr_sock_peername does ("unknown" for family 0); `out` is
+ *  always terminated (outlen > 0), truncated if short. */
+void osr_sock_peer_format(const osr_sock_peer_t *p, char *out, size_t outlen);
+
 /* ---- for the TLS layer (tls.c) and the listener/connector ---------------- */
 
 /** Write bytes straight to the transport, bypassing TLS. */

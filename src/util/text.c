@@ -36,3 +36,13 @@ int osr_pct_decode(const char *s, size_t n, char *out, size_t outlen)
   out[o] = '\0';
   return (int)o;
 }
+
+char *osr_fmt_u64(char buf[20], uint64_t v)
+{
+  char *p = buf + 20;
+  do {
+    *--p = (char)('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  return p;
+}

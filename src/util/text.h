@@ -6,6 +6,7 @@
 #define OSR_UTIL_TEXT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /** Value of one hex digit (either case), or -1. */
 int osr_hexval(int c);
@@ -17,5 +18,9 @@ int osr_hexval(int c);
  * outlen - 1 bytes.
  */
 int osr_pct_decode(const char *s, size_t n, char *out, size_t outlen);
+
+/** Decimal digits of v written into the end of buf[20] (no NUL); returns
+ *  the first digit: the text is [result, buf + 20). */
+char *osr_fmt_u64(char buf[20], uint64_t v);
 
 #endif

@@ -382,6 +382,54 @@ class Ports(Base):
         r, data = e.request("GET", "/sbx/%s/%d/" % (SID, dead), {"X-Access-Token": t2})
         self.assertEqual(r.status, 502, data)
 
+    def test_hop_by_hop_response_headers_dropped(self):
+        # The sandbox's Connection header and the headers it lists stay on
+        # the upstream hop; "Connection: keep-alive" alone (the common case,
+        # taken without scanning) drops Keep-Alive and nothing else.
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(8)
+        port = lsock.getsockname()[1]
+        conns = {"keep": b"keep-alive", "list": b"keep-alive, X-Hop"}
+
+        def serve(c):
+            buf = b""
+            with c:
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        d = c.recv(65536)
+                        if not d:
+                            return
+                        buf += d
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    which = head.split(b" ")[1].rsplit(b"/", 1)[1].decode()
+                    c.sendall(b"HTTP/1.1 200 OK\r\nConnection: " + conns[which] +
+                              b"\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nX-Kept: 1\r\n"
+                              b"Content-Length: 2\r\n\r\nok")
+
+        def accept_loop():
+            while True:
+                try:
+                    c, _ = lsock.accept()
+                except OSError:
+                    return
+                threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+        threading.Thread(target=accept_loop, daemon=True).start()
+        try:
+            e = self.env
+            t = e.token(scopes="ports", ports=str(port))
+            for which, hop_kept in (("keep", True), ("list", False)):
+                with self.subTest(which):
+                    r, data = e.request("GET", "/sbx/%s/%d/%s" % (SID, port, which), {"X-Access-Token": t})
+                    self.assertEqual(r.status, 200)
+                    self.assertEqual(data, b"ok")
+                    self.assertEqual(r.getheader("X-Kept"), "1")
+                    self.assertIsNone(r.getheader("Keep-Alive"))
+                    self.assertEqual(r.getheader("X-Hop") is not None, hop_kept)
+        finally:
+            lsock.close()
+
     def test_keepalive_client_and_pooled_upstreams(self):
         # Several requests on one client connection, each reusing a pooled
         # upstream (agent connection / tunnel). Needs the http1_client fix

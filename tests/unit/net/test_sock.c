@@ -9,7 +9,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "net/connect.h"
@@ -32,6 +34,7 @@ typedef struct server_s {
   int timeouts;
   int too_large;
   int no_echo;
+  char peer[64]; /* the last accepted socket's osr_sock_peername */
 } server_t;
 
 static void srv_echo_written(osr_sock_t *s, int status, void *arg)
@@ -92,6 +95,7 @@ static void on_accept(osr_listener_t *l, osr_sock_t *s)
 {
   server_t *srv = l->data;
   srv->accepted++;
+  assert_int_equal(osr_sock_peername(s, srv->peer, sizeof(srv->peer)), 0);
   osr_sock_set_events(s, &srv_events, srv);
   if (srv_idle_ms != 0)
     osr_sock_set_idle_timeout(s, srv_idle_ms);
@@ -205,7 +209,8 @@ static void close_listener(server_t *srv, uint64_t grace)
   assert_true(listener_closed);
 }
 
-static void echo_roundtrip(const char *listen_addr, const char *connect_host)
+static void echo_roundtrip(const char *listen_addr, const char *connect_host,
+                           const char *peer_prefix)
 {
   server_t srv = {0};
   client_t cli = {0};
@@ -224,24 +229,69 @@ static void echo_roundtrip(const char *listen_addr, const char *connect_host)
   assert_int_equal(cli.received, PAYLOAD);
   close_listener(&srv, 1000);
   assert_int_equal(srv.accepted, 1);
+  /* The accepted side names the client: address, then a port > 0. */
+  size_t pl = strlen(peer_prefix);
+  assert_memory_equal(srv.peer, peer_prefix, pl);
+  if (strcmp(peer_prefix, "unix") != 0)
+    assert_true(atoi(srv.peer + pl) > 0);
+  else
+    assert_int_equal(srv.peer[pl], '\0');
+}
+
+/* The binary peer form and its printing, including the longest forms and
+ * truncation (a connection keeps osr_sock_peer_t, not the text). */
+static void test_peer_format(void **state)
+{
+  (void)state;
+  char out[64];
+  osr_sock_peer_t p = {.family = AF_INET, .port = 65535, .addr = {255, 255, 255, 255}};
+  osr_sock_peer_format(&p, out, sizeof(out));
+  assert_string_equal(out, "255.255.255.255:65535");
+  p = (osr_sock_peer_t){.family = AF_INET, .port = 0, .addr = {10, 0, 0, 7}};
+  osr_sock_peer_format(&p, out, sizeof(out));
+  assert_string_equal(out, "10.0.0.7:0");
+  p = (osr_sock_peer_t){.family = AF_INET6, .port = 8080};
+  p.addr[15] = 1;
+  osr_sock_peer_format(&p, out, sizeof(out));
+  assert_string_equal(out, "[::1]:8080");
+  p = (osr_sock_peer_t){.family = AF_INET6, .port = 65535};
+  memset(p.addr, 0xfe, 16);
+  osr_sock_peer_format(&p, out, sizeof(out));
+  assert_string_equal(out, "[fefe:fefe:fefe:fefe:fefe:fefe:fefe:fefe]:65535");
+  p = (osr_sock_peer_t){
+      .family = AF_INET6, .port = 1, .addr = {[10] = 0xff, [11] = 0xff, 192, 0, 2, 1}};
+  osr_sock_peer_format(&p, out, sizeof(out));
+  assert_string_equal(out, "[::ffff:192.0.2.1]:1");
+  p = (osr_sock_peer_t){.family = AF_UNIX};
+  osr_sock_peer_format(&p, out, sizeof(out));
+  assert_string_equal(out, "unix");
+  p = (osr_sock_peer_t){0};
+  osr_sock_peer_format(&p, out, sizeof(out));
+  assert_string_equal(out, "unknown");
+  p = (osr_sock_peer_t){.family = AF_INET, .port = 443, .addr = {127, 0, 0, 1}};
+  char small[6];
+  osr_sock_peer_format(&p, small, sizeof(small));
+  assert_string_equal(small, "127.0");
+  osr_sock_peer_format(&p, small, 1);
+  assert_string_equal(small, "");
 }
 
 static void test_echo_ipv4(void **state)
 {
   (void)state;
-  echo_roundtrip("127.0.0.1:0", "127.0.0.1");
+  echo_roundtrip("127.0.0.1:0", "127.0.0.1", "127.0.0.1:");
 }
 
 static void test_echo_ipv6(void **state)
 {
   (void)state;
-  echo_roundtrip("[::1]:0", "[::1]");
+  echo_roundtrip("[::1]:0", "[::1]", "[::1]:");
 }
 
 static void test_echo_dns_localhost(void **state)
 {
   (void)state;
-  echo_roundtrip("127.0.0.1:0", "localhost");
+  echo_roundtrip("127.0.0.1:0", "localhost", "127.0.0.1:");
 }
 
 static void test_echo_unix(void **state)
@@ -250,7 +300,7 @@ static void test_echo_unix(void **state)
   char path[64], listen_addr[80];
   snprintf(path, sizeof(path), "/tmp/osr-test-%d.sock", (int)getpid());
   snprintf(listen_addr, sizeof(listen_addr), "unix:%s", path);
-  echo_roundtrip(listen_addr, NULL);
+  echo_roundtrip(listen_addr, NULL, "unix");
   assert_int_not_equal(access(path, F_OK), 0); /* removed on close */
 }
 
@@ -397,6 +447,7 @@ int main(void)
   for (size_t i = 0; i < PAYLOAD; i++)
     payload[i] = (uint8_t)(i * 131 + (i >> 9));
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_peer_format),
       cmocka_unit_test_setup_teardown(test_echo_ipv4, setup, teardown),
       cmocka_unit_test_setup_teardown(test_echo_ipv6, setup, teardown),
       cmocka_unit_test_setup_teardown(test_echo_dns_localhost, setup, teardown),
