@@ -235,6 +235,8 @@ void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s);
  *  sniffed client preface) are processed first. */
 void osr__http2_server_start(osr_http_server_t *srv, osr_sock_t *s);
 const osr_http_server_opts_t *osr__http_server_opts(const osr_http_server_t *srv);
+/** The server whose options `opts` are (the inverse of osr__http_server_opts). */
+osr_http_server_t *osr__http_server_of(const osr_http_server_opts_t *opts);
 /** Protocol layers call this exactly once per request instead of calling
  *  req->on_done themselves; frees helper state after on_done. */
 void osr__http_req_done(osr_http_req_t *req, int status);

@@ -62,6 +62,11 @@ const osr_http_server_opts_t *osr__http_server_opts(const osr_http_server_t *srv
   return &srv->opts;
 }
 
+osr_http_server_t *osr__http_server_of(const osr_http_server_opts_t *opts)
+{
+  return osr_container_of(opts, osr_http_server_t, opts);
+}
+
 static void on_accept(osr_listener_t *l, osr_sock_t *s)
 {
   osr_http_server_t *srv = l->data;
