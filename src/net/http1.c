@@ -59,7 +59,8 @@
  * kernel does not answer unread data with an RST that would destroy the
  * response before the client read it (lingering close, as nginx/h2o do). */
 #define LINGER_MS 2000
-#define LINGER_MAX_BYTES (1024 * 1024)
+#define LINGER_MIN_BYTES (1024 * 1024)
+#define LINGER_MAX_BYTES (16 * 1024 * 1024)
 
 #define INLINE_IOVS 16
 /* Response heads up to this size are formatted inside the request (no
@@ -239,6 +240,18 @@ static const char *http_date(void)
 }
 
 /* ---- lingering close and error responses ----------------------------------- */
+
+/* How much a lingering connection reads and drops before it closes: enough
+ * for a client whose body is refused for its size (413, decided from the
+ * head) to finish sending a body of a few times the cap and then read the
+ * answer, within [LINGER_MIN_BYTES, LINGER_MAX_BYTES]. */
+static uint32_t linger_budget(const h1conn_t *c)
+{
+  uint64_t cap = c->opts->limits.max_body;
+  if (cap >= LINGER_MAX_BYTES / 4)
+    return LINGER_MAX_BYTES;
+  return cap * 4 > LINGER_MIN_BYTES ? (uint32_t)(cap * 4) : LINGER_MIN_BYTES;
+}
 
 static void linger_close(h1conn_t *c)
 {
@@ -442,7 +455,7 @@ static void on_sock_read(osr_sock_t *s, int status)
   if (c->lingering) {
     c->linger_bytes += (uint32_t)s->input.len; /* < LINGER_MAX_BYTES + the input cap */
     osr_buf_consume(&s->input, s->input.len);
-    if (status < 0 || c->linger_bytes > LINGER_MAX_BYTES)
+    if (status < 0 || c->linger_bytes > linger_budget(c))
       conn_close(c, 0);
     return;
   }
