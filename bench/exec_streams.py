@@ -33,19 +33,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration", "dataplane"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
 from execstreams import ExecStream  # noqa: E402
-
-
-def fds(pid):
-    return len(os.listdir("/proc/%d/fd" % pid))
-
-
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for ln in f:
-            if ln.startswith("VmRSS:"):
-                return int(ln.split()[1])
-    return 0
+from osrtest import fd_count as fds, rss_kib  # noqa: E402
 
 
 def wait_port(port):
