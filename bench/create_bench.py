@@ -198,12 +198,12 @@ class Bench:
             return "postgres://osr@127.0.0.1:%d/%s%s" % (self.pg.port, name, self.a.pg_params)
         raise ValueError(store)
 
-    def start_gw(self, store, mode, sim=None, exe=None):
+    def start_gw(self, store, mode, sim=None, exe=None, log_level="warn"):
         d = tempfile.mkdtemp(prefix="gw-", dir=self.tmp)
         prov = {"name": "sim", "type": "sim", "latency_ms": 0}
         if mode == "url":
             prov = {"name": "sim", "type": "sim", "url": "http://127.0.0.1:%d" % sim.port}
-        cfg = {"providers": [prov], "log": {"level": "warn"}}
+        cfg = {"providers": [prov], "log": {"level": log_level}}
         cfg_path = os.path.join(d, "osr.yaml")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)

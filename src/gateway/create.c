@@ -20,6 +20,23 @@
  * attempt record stays alive until the adapter's callback fires, and a
  * sandbox that arrives that late is destroyed.
  *
+ * Relaxed binding commit. The success update (creating -> running, with the
+ * provider id and its audit row) is the second commit on a create's path;
+ * on PostgreSQL it is committed with synchronous_commit = off (the store
+ * runs it in a transaction of its own, osr_store_update_opts_t.relaxed;
+ * `?binding_commit=sync` in the store URL turns it off), so a create waits
+ * for one disk flush, the intent's, not two. A PostgreSQL crash may lose
+ * that update after the client got its 201; what is left is exactly what a
+ * gateway crash after the provider call leaves: the intent row (durable,
+ * still creating, naming the provider) and the provider's resource carrying
+ * our label. The same adopt path resolves it: recovery at start (this
+ * instance's rows) and, while gateways keep running, the reaper's stale pass
+ * (rows of any owner still creating after reaper.stale_creating_ms, longer
+ * than any create may run, which is how one gateway tells a lost update from
+ * a create in flight on another). Until then the binding reads `creating`;
+ * the token in the 201 is verified offline by the data plane and works
+ * throughout (tests recovery_lostupdate).
+ *
  * Concurrent requests with one Idempotency-Key: the store lets exactly one
  * insert win; the others get that row back. While it is still being created
  * in this process they wait on it (in-process list), else they poll the
@@ -40,6 +57,22 @@
 #define POLL_MS 50
 
 typedef struct create_s create_t;
+
+/* A create's phases, in order (OSR_LOG_LEVEL=trace, docs/gateway.md). */
+enum {
+  T_PARSED,      /* the HTTP request was parsed (the API call began) */
+  T_START,       /* the create began (body checked, placement done next) */
+  T_INTENT_RUN,  /* the intent's store transaction began (worker) */
+  T_INTENT_RAN,  /* ... and committed */
+  T_INTENT_BACK, /* its result reached the loop */
+  T_PROVIDER,    /* the provider answered */
+  T_HANDED,      /* the binding update was queued (and, inline, the token signed) */
+  T_UPDATE_RUN,  /* the update's store transaction began */
+  T_UPDATE_RAN,  /* ... and committed */
+  T_UPDATE_BACK, /* its result reached the loop */
+  T_REPLIED,     /* the answer was written to the connection */
+  T_COUNT
+};
 
 /* One provider call. Outlives the create when abandoned (c == NULL). */
 typedef struct attempt_s {
@@ -66,8 +99,8 @@ struct create_s {
   uint64_t started_ms;
   int64_t deadline_ms;
   /* Phase timestamps (uv_hrtime, µs) for the trace line of a successful
-   * create: start, intent committed, provider answered, binding committed. */
-  uint64_t t_us[4];
+   * create, indexed by the T_* names below. */
+  uint64_t t_us[T_COUNT];
   /* The create answer's token is signed on the thread pool while the
    * binding commits (both start when the provider answered), so the
    * signature adds no step to the create's critical path. The create is
@@ -270,6 +303,34 @@ static void create_free(create_t *c)
   uv_close((uv_handle_t *)&c->timer, on_timer_closed);
 }
 
+/* Where a successful create's time went, for latency profiles
+ * (OSR_LOG_LEVEL=trace; bench/README.md "Create tail"): the absolute time
+ * the request was parsed, then each phase's end relative to it, in µs. */
+static void trace_phases(create_t *c)
+{
+  if (osr__log_level > OSR_LOG_TRACE)
+    return;
+  uint64_t *t = c->t_us;
+  t[T_REPLIED] = uv_hrtime() / 1000;
+  char rel[T_COUNT * 21];
+  size_t off = 0;
+  for (int i = T_START; i < T_COUNT && off < sizeof(rel); i++)
+    off += (size_t)snprintf(rel + off, sizeof(rel) - off, " %" PRId64,
+                            t[i] ? (int64_t)(t[i] - t[T_PARSED]) : (int64_t)-1);
+  OSR_LOG_TRACE(MOD, "phases %s at %" PRIu64 ":%s (attempts %d)", c->b.id, t[T_PARSED], rel,
+                c->nattempts);
+}
+
+static void stamp_store(create_t *c, int run, int ran, int back)
+{
+  if (osr__log_level > OSR_LOG_TRACE)
+    return;
+  const osr_store_timing_t *tm = osr_store_last_timing(c->gw->store);
+  c->t_us[run] = tm->batch_start_us;
+  c->t_us[ran] = tm->batch_end_us;
+  c->t_us[back] = uv_hrtime() / 1000;
+}
+
 /* Send the final answer to the caller and every waiter, then free. */
 static void create_finish(create_t *c)
 {
@@ -282,15 +343,10 @@ static void create_finish(create_t *c)
   if (m != NULL)
     osr_metrics_create_done(m, c->nattempts, (osr_now_ms() - c->started_ms) * 1000);
   if (c->status == 201) {
-    /* Where a create's time goes, for latency profiles (OSR_LOG_LEVEL=trace;
-     * bench/README.md "Control plane"): the token is signed after this. */
-    OSR_LOG_TRACE(MOD, "phases %s: intent %" PRIu64 " provider %" PRIu64 " update %" PRIu64
-                       " us (attempts %d)",
-                  c->b.id, c->t_us[1] - c->t_us[0], c->t_us[2] - c->t_us[1],
-                  c->t_us[3] - c->t_us[2], c->nattempts);
     if (c->sign_status != 0)
       OSR_LOG_WARN(MOD, "sandbox %s: no token: %s", c->b.id, osr_token_strerror(c->sign_status));
     osr__sandbox_reply_signed(c->call, 201, &c->b, c->tok, &c->tok_claims);
+    trace_phases(c);
   } else {
     osr_gw_error(c->call, c->status, c->code, c->message,
                  c->details ? json_deep_copy(c->details) : NULL);
@@ -354,8 +410,9 @@ static char *detail_text(json_t *detail)
  * reaper or recovery may have resolved it (OSR_ECONFLICT then). Takes
  * `detail` (heap text or NULL). */
 static int update_audited(osr_gw_t *gw, const osr_binding_t *b, osr_binding_state_t if_state,
-                          int64_t if_updated_ms, const osr_gw_auth_t *who, const char *action,
-                          const char *outcome, char *detail, osr_store_done_cb cb, void *data)
+                          int64_t if_updated_ms, int relaxed, const osr_gw_auth_t *who,
+                          const char *action, const char *outcome, char *detail,
+                          osr_store_done_cb cb, void *data)
 {
   osr_audit_event_t ev;
   osr_store_update_opts_t o;
@@ -365,6 +422,7 @@ static int update_audited(osr_gw_t *gw, const osr_binding_t *b, osr_binding_stat
   o.if_state = if_state;
   o.if_updated_ms = if_updated_ms;
   o.audit = &ev;
+  o.relaxed = relaxed;
   int rv = gw->store != NULL ? osr_store_update_ex(gw->store, b, &o, cb, data) : OSR_EUNAVAILABLE;
   osr__audit_event_dispose(&ev);
   return rv;
@@ -390,7 +448,7 @@ static void create_fail(create_t *c, const char *code, int http_status, const ch
   json_decref(err);
   json_object_set_new(details, "sandboxId", json_string(c->b.id));
   set_answer(c, http_status, code, msg, details);
-  int rv = update_audited(gw, &c->b, OSR_BINDING_CREATING, 0, &c->call->auth, "create", code,
+  int rv = update_audited(gw, &c->b, OSR_BINDING_CREATING, 0, 0, &c->call->auth, "create", code,
                           detail_text(json_deep_copy(details)), failed_stored, c);
   if (rv != 0)
     failed_stored(rv, c);
@@ -432,6 +490,7 @@ static void success_stored(int status, void *data)
 {
   create_t *c = data;
   osr_gw_t *gw = c->gw;
+  stamp_store(c, T_UPDATE_RUN, T_UPDATE_RAN, T_UPDATE_BACK);
   if (status != 0) {
     /* The sandbox exists but its binding could not be made durable. Do not
      * hand out something the store does not know: destroy it; the intent
@@ -450,7 +509,6 @@ static void success_stored(int status, void *data)
     create_finish(c);
     return;
   }
-  c->t_us[3] = uv_hrtime() / 1000;
   osr__cache_put(gw, &c->b);
   set_answer(c, 201, NULL, "", NULL);
   create_finish(c);
@@ -476,7 +534,7 @@ static void token_signed(int status, const char *tok, const osr_token_claims_t *
     c->tok_claims = *claims;
   }
   OSR_LOG_TRACE(MOD, "token %s: signed %" PRIu64 " us after the provider answered", c->b.id,
-                uv_hrtime() / 1000 - c->t_us[2]);
+                uv_hrtime() / 1000 - c->t_us[T_PROVIDER]);
   if (c->finish_wanted)
     create_finish(c);
 }
@@ -547,7 +605,7 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   }
   record_outcome(c, a, 0, lat);
   osr_free(a);
-  c->t_us[2] = uv_hrtime() / 1000;
+  c->t_us[T_PROVIDER] = uv_hrtime() / 1000;
 
   int64_t now = osr_now_ms();
   osr_binding_t *b = &c->b;
@@ -582,7 +640,7 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   int sign_first = !osr__token_sign_inline();
   if (sign_first)
     start_signing(c);
-  int rv = update_audited(c->gw, b, OSR_BINDING_CREATING, 0, &c->call->auth, "create", "ok",
+  int rv = update_audited(c->gw, b, OSR_BINDING_CREATING, 0, 1, &c->call->auth, "create", "ok",
                           osr__jw_release(&w, &dlen), success_stored, c);
   if (rv != 0) {
     success_stored(rv, c);
@@ -590,6 +648,7 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   }
   if (!sign_first)
     start_signing(c);
+  c->t_us[T_HANDED] = uv_hrtime() / 1000;
 }
 
 static void on_attempt_timeout(uv_timer_t *t)
@@ -805,7 +864,8 @@ static void intent_done(int status, const osr_binding_t *b, int created, void *d
 {
   create_t *c = data;
   osr_gw_t *gw = c->gw;
-  c->t_us[1] = uv_hrtime() / 1000;
+  if (status == 0)
+    stamp_store(c, T_INTENT_RUN, T_INTENT_RAN, T_INTENT_BACK);
   if (status != 0) {
     set_answer(c, status == OSR_EUNAVAILABLE || status == OSR_ECLOSED ? 503 : 500,
                status == OSR_EUNAVAILABLE || status == OSR_ECLOSED ? "unavailable" : "internal",
@@ -857,7 +917,8 @@ void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *ide
   c->req = *req;
   osr_binding_init(&c->b);
   c->started_ms = (uint64_t)osr_now_ms();
-  c->t_us[0] = uv_hrtime() / 1000;
+  c->t_us[T_PARSED] = call->started_us;
+  c->t_us[T_START] = uv_hrtime() / 1000;
   c->deadline_ms = (int64_t)c->started_ms + OSR_CREATE_DEADLINE_MS;
   c->attempts = json_array();
   uv_timer_init(gw->loop, &c->timer);
@@ -1225,7 +1286,7 @@ static void rec_adopt_store(recover_t *r, osr_binding_t *row, const osr_resource
    * same row right now, one adopting and one failing it. The database lets
    * exactly one of us change it; the loser re-checks the resource. */
   snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
-  int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, &r->who, r->act_adopt, "ok",
+  int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, 0, &r->who, r->act_adopt, "ok",
                           detail_text(json_pack("{s:s,s:s,s:s}", "provider", row->provider,
                                                 "providerId", row->provider_id, "resolution",
                                                 "adopted")),
@@ -1363,7 +1424,7 @@ static void rec_fail(recover_t *r, osr_binding_t *row)
   row->error_json = osr_xstrdup("{\"code\":\"all_providers_failed\",\"message\":\"the gateway "
                                 "stopped while the sandbox was being created\",\"attempts\":[]}");
   snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
-  int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, &r->who, r->act_fail, "ok",
+  int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, 0, &r->who, r->act_fail, "ok",
                           detail_text(json_pack("{s:s,s:s,s:s}", "provider", row->provider,
                                                 "reason", "interrupted", "resolution", "failed")),
                           rec_failed_stored, r);

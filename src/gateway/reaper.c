@@ -30,6 +30,7 @@
  * before the provider is called), so a resource being created is never
  * taken for an orphan.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,7 @@ struct osr_reaper_s {
 
   /* pass state */
   int64_t pass_start_ms;
+  uint64_t pass_t0_us;         /* uv_hrtime of the pass's start, for the trace line */
   live_t *live;
   size_t nlive, cap;
   uint64_t counts[STATE_SLOTS];
@@ -552,7 +554,11 @@ static void pass_end(osr_reaper_t *r, int status)
   r->nlive = r->cap = 0;
   osr_freep(&r->res);
   r->nres = 0;
+  uint64_t t_trim = uv_hrtime() / 1000;
   release_heap(nlive);
+  /* Where a pass sits in a latency profile (OSR_LOG_LEVEL=trace). */
+  OSR_LOG_TRACE(MOD, "pass at %" PRIu64 " ended at %" PRIu64 " (%zu live, trim %" PRIu64 " us)",
+                r->pass_t0_us, t_trim, nlive, uv_hrtime() / 1000 - t_trim);
   osr_binding_dispose(&r->cur);
   osr_binding_init(&r->cur);
   r->running = 0;
@@ -599,6 +605,7 @@ static void pass_start(osr_reaper_t *r)
   r->once = r->once_next;
   r->once_next = NULL;
   r->pass_start_ms = osr_now_ms();
+  r->pass_t0_us = uv_hrtime() / 1000;
   memset(r->counts, 0, sizeof(r->counts));
   r->cursor[0] = '\0';
   /* Activity the data planes left in Redis goes into the store first, so

@@ -41,6 +41,7 @@ const char *const osr__stmt_sql[OSR__ST_COUNT] = {
   [OSR__ST_BEGIN] = NULL, /* backend's begin_sql */
   [OSR__ST_COMMIT] = "COMMIT",
   [OSR__ST_ROLLBACK] = "ROLLBACK",
+  [OSR__ST_RELAX] = NULL, /* backend's relax_sql */
   [OSR__ST_B_INSERT] =
     "INSERT INTO bindings (" OSR__B_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, "
     "$12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) ON CONFLICT DO NOTHING",

@@ -88,6 +88,8 @@ struct osr__req_s {
   req_op_t op;
   int status;
   uint64_t t0;                    /* uv_hrtime() at submission */
+  uint64_t t_run, t_ran;          /* its batch started / ended (worker, uv_hrtime) */
+  int relaxed;                    /* UPDATE: commit without waiting for the disk */
   union {
     void (*any)(void);            /* what req_new stores; read as the typed member */
     osr_store_open_cb open;
@@ -184,6 +186,7 @@ struct osr_store_s {
   size_t outstanding;             /* submitted, callback not yet called */
   osr__req_t *pend_head, *pend_tail; /* submitted this loop turn, not queued */
   uint64_t last_latency_us;
+  osr_store_timing_t last_timing; /* of the request whose callback runs */
 
   /* Shared with the workers, under mu. */
   uv_mutex_t mu;
@@ -461,7 +464,12 @@ static void deliver(osr_store_t *st, osr__req_t *r)
   int s = public_status(r->status);
   const char *cur;
 
-  st->last_latency_us = (uv_hrtime() - r->t0) / 1000u;
+  uint64_t now = uv_hrtime();
+  st->last_latency_us = (now - r->t0) / 1000u;
+  st->last_timing.submitted_us = r->t0 / 1000u;
+  st->last_timing.batch_start_us = r->t_run / 1000u;
+  st->last_timing.batch_end_us = r->t_ran / 1000u;
+  st->last_timing.delivered_us = now / 1000u;
   switch (r->op) {
   case OP_OPEN:
     if (r->cb.open != NULL)
@@ -1308,6 +1316,8 @@ static int ensure_ready(osr_store_t *st, osr__db_t *db)
  * and the batch must not be replayed). */
 static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, int *at_commit)
 {
+  /* A batch is all relaxed or all strict (worker_main splits them). */
+  int relaxed = n > 0 && reqs[0]->relaxed;
   const osr__db_vtbl_t *be = st->be;
   size_t i;
   int rv;
@@ -1316,6 +1326,8 @@ static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, i
   for (i = 0; i < n; i++)
     req_reset_out(reqs[i]);
   rv = be->exec(db, OSR__ST_BEGIN, NULL, NULL, 0, NULL);
+  if (rv == 0 && relaxed)
+    rv = be->exec(db, OSR__ST_RELAX, NULL, NULL, 0, NULL);
   if (rv != 0)
     return rv;
   for (i = 0; i < n; i++) {
@@ -1437,12 +1449,40 @@ static void thread_sched_ns(uint64_t *cpu, uint64_t *wait)
   fclose(f);
 }
 
+/* Run one batch (all relaxed or all strict), then hand its results to the
+ * loop thread. */
+static void run_and_deliver(osr_store_t *st, osr__db_t *db, osr__req_t **batch, size_t n)
+{
+  size_t i;
+  uint64_t t0 = uv_hrtime(), c0, w0, c1, w1;
+
+  thread_sched_ns(&c0, &w0);
+  run_batch(st, db, batch, n);
+  thread_sched_ns(&c1, &w1);
+  uint64_t t1 = uv_hrtime();
+  for (i = 0; i < n; i++) {
+    batch[i]->t_run = t0;
+    batch[i]->t_ran = t1;
+  }
+  /* Batch sizes and where their wall time went, for latency profiles
+   * (OSR_LOG_LEVEL=trace; bench/README.md "Control plane"). */
+  OSR_LOG_TRACE("store", "batch %zu%s at %" PRIu64 " in %" PRIu64 " us (cpu %" PRIu64
+                " us, runqueue %" PRIu64 " us)", n, batch[0]->relaxed ? " relaxed" : "", t0 / 1000,
+                (t1 - t0) / 1000, (c1 - c0) / 1000, (w1 - w0) / 1000);
+
+  uv_mutex_lock(&st->mu);
+  for (i = 0; i < n; i++)
+    req_append(&st->done_head, &st->done_tail, batch[i]);
+  uv_mutex_unlock(&st->mu);
+  uv_async_send(&st->async);
+}
+
 static void worker_main(void *arg)
 {
   osr_store_t *st = arg;
   osr__db_t *db = st->be->db_new(st);
   osr__req_t *batch[OSR__STORE_BATCH_MAX];
-  size_t n, i;
+  size_t n, nrel, i;
 
   for (;;) {
     uv_mutex_lock(&st->mu);
@@ -1462,20 +1502,24 @@ static void worker_main(void *arg)
     st->q_len -= n;
     uv_mutex_unlock(&st->mu);
 
-    uint64_t t0 = uv_hrtime(), c0, w0, c1, w1;
-    thread_sched_ns(&c0, &w0);
-    run_batch(st, db, batch, n);
-    thread_sched_ns(&c1, &w1);
-    /* Batch sizes and where their wall time went, for latency profiles
-     * (OSR_LOG_LEVEL=trace; bench/README.md "Control plane"). */
-    OSR_LOG_TRACE("store", "batch %zu in %" PRIu64 " us (cpu %" PRIu64 " us, runqueue %" PRIu64
-                  " us)", n, (uv_hrtime() - t0) / 1000, (c1 - c0) / 1000, (w1 - w0) / 1000);
-
-    uv_mutex_lock(&st->mu);
-    for (i = 0; i < n; i++)
-      req_append(&st->done_head, &st->done_tail, batch[i]);
-    uv_mutex_unlock(&st->mu);
-    uv_async_send(&st->async);
+    /* Relaxed requests (osr_store_update_opts_t.relaxed) first, in their
+     * own transaction: its commit does not wait for the disk, so their
+     * answers go out before the strict transaction's flush, and a strict
+     * request never commits without one. Stable partition: order within
+     * each part is kept. */
+    osr__req_t *strict[OSR__STORE_BATCH_MAX];
+    size_t nstrict = 0;
+    nrel = 0;
+    for (i = 0; i < n; i++) {
+      if (batch[i]->relaxed)
+        batch[nrel++] = batch[i];
+      else
+        strict[nstrict++] = batch[i];
+    }
+    if (nrel > 0)
+      run_and_deliver(st, db, batch, nrel);
+    if (nstrict > 0)
+      run_and_deliver(st, db, strict, nstrict);
   }
   /* The connection is this thread's: close it here, before saying we left. */
   st->be->db_free(db);
@@ -1605,6 +1649,11 @@ uint64_t osr_store_last_latency_us(const osr_store_t *st)
   return st->last_latency_us;
 }
 
+const osr_store_timing_t *osr_store_last_timing(const osr_store_t *st)
+{
+  return &st->last_timing;
+}
+
 int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_binding_cb cb,
                             void *data)
 {
@@ -1662,6 +1711,7 @@ int osr_store_update_ex(osr_store_t *st, const osr_binding_t *b, const osr_store
   if (o != NULL) {
     r->u.bind.if_state = o->if_state;
     r->u.bind.if_updated_ms = o->if_updated_ms;
+    r->relaxed = o->relaxed != 0 && st->be->relax_sql != NULL && !st->cfg.strict_bindings;
     if (o->audit != NULL) {
       r->u.bind.has_audit = 1;
       r->u.bind.ev = *o->audit;

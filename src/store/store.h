@@ -146,6 +146,14 @@ typedef struct osr_store_update_opts_s {
   /** Appended to the audit log in the same transaction as the update, and
    *  only if the update applied (NULL = none). Copied at call time. */
   const struct osr_audit_event_s *audit;
+  /** The commit need not wait for the database's disk (PostgreSQL: SET
+   *  LOCAL synchronous_commit = off, in a transaction of its own, never
+   *  shared with a request that did not ask for it; SQLite: no effect). A
+   *  database crash may then lose this update (and its audit event) after
+   *  it was reported done. Only for a write that a recovery path restores
+   *  when it is lost: the create's binding update (create.c, "Relaxed
+   *  binding commit"). */
+  int relaxed;
 } osr_store_update_opts_t;
 
 /** osr_store_update with options. With a condition (if_state or
@@ -243,5 +251,14 @@ int osr_store_audit_list(osr_store_t *st, const char *tenant, const char *cursor
 
 /** Round-trip latency of the last completed store call in microseconds (metrics). */
 uint64_t osr_store_last_latency_us(const osr_store_t *st);
+
+/** Where the request whose callback is running spent its time (uv_hrtime in
+ * µs): submitted on the loop, its batch's transaction started and ended on a
+ * worker, its result delivered on the loop. Valid inside a store callback
+ * only; for trace-level latency profiles. */
+typedef struct osr_store_timing_s {
+  uint64_t submitted_us, batch_start_us, batch_end_us, delivered_us;
+} osr_store_timing_t;
+const osr_store_timing_t *osr_store_last_timing(const osr_store_t *st);
 
 #endif

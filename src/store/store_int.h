@@ -43,6 +43,7 @@ typedef enum osr__stmt_e {
   OSR__ST_BEGIN = 0,
   OSR__ST_COMMIT,
   OSR__ST_ROLLBACK,
+  OSR__ST_RELAX,      /* backend's relax_sql: this transaction's commit need not wait for the disk */
   OSR__ST_B_INSERT,
   OSR__ST_B_BY_KEY,
   OSR__ST_B_BY_ID,
@@ -99,6 +100,11 @@ typedef struct osr__db_vtbl_s {
   const char *name;       /* "sqlite" | "postgres" */
   const char *serial_pk;  /* auto-increment primary key column type */
   const char *begin_sql;  /* how a write transaction starts */
+  /** Run right after BEGIN so that this transaction's COMMIT returns without
+   *  waiting for the disk (osr_store_update_opts_t.relaxed), or NULL when
+   *  the backend has no such thing (SQLite: sync=normal never waits per
+   *  commit; sync=full always does). */
+  const char *relax_sql;
   /** Parse the URL and keep what the backend needs in st (osr__store_be_cfg).
    *  Runs on the loop thread in osr_store_open. 0 or OSR_EINVAL. */
   int (*configure)(osr_store_t *st, const char *url);
@@ -140,6 +146,7 @@ typedef struct osr__store_cfg_s {
   char *target;        /* sqlite: file path; postgres: libpq conninfo URI */
   int sync_full;       /* sqlite ?sync=full */
   int pool;            /* worker threads / connections */
+  int strict_bindings; /* postgres ?binding_commit=sync: never relax a commit */
 } osr__store_cfg_t;
 
 /** The store's shared state the backends read (circuit, config). */

@@ -2,8 +2,10 @@
  * PostgreSQL backend of the binding store: the SQL layer of store_int.h over
  * libpq, one connection per worker thread (the pool).
  *
- * URL: postgres://user[:pass]@host[:port]/db[?pool=N&<libpq parameters>]
- * (postgresql:// too). pool=N (1..16, default 2) is ours and removed before
+ * URL: postgres://user[:pass]@host[:port]/db[?pool=N&binding_commit=relaxed|sync&<libpq
+ * parameters>] (postgresql:// too). pool=N (1..16, default 2) and
+ * binding_commit (default relaxed: see osr_store_update_opts_t.relaxed;
+ * sync makes every commit wait for the disk) are ours and removed before
  * the URI reaches libpq; every other parameter is passed through. Unless the
  * URL says otherwise we add connect_timeout=2 (libpq's minimum) and TCP
  * keepalives, so a vanished server is noticed instead of hanging a worker.
@@ -183,6 +185,15 @@ static int pg_configure(osr_store_t *st, const char *url)
         break;
       }
       cfg->pool = (int)v;
+    } else if (n > 15 && strncmp(p, "binding_commit=", 15) == 0) {
+      if (n == 19 && strncmp(p + 15, "sync", 4) == 0) {
+        cfg->strict_bindings = 1;
+      } else if (n == 22 && strncmp(p + 15, "relaxed", 7) == 0) {
+        cfg->strict_bindings = 0;
+      } else {
+        rv = OSR_EINVAL;
+        break;
+      }
     } else if (n > 0) {
       kappend(kept, cap, &klen, "%s%.*s", klen > 0 ? "&" : "", (int)n, p);
     }
@@ -434,8 +445,10 @@ static int pipe_send(pg_db_t *d, int stmt, const char *sql, int nargs, const cha
     rv = pipe_enter(d);
   if (rv != 0)
     return rv;
-  if (stmt == OSR__ST_BEGIN || stmt == OSR__ST_COMMIT || stmt == OSR__ST_ROLLBACK) {
-    const char *text = stmt == OSR__ST_BEGIN ? osr__store_pg.begin_sql : osr__stmt_sql[stmt];
+  if (stmt <= OSR__ST_RELAX && stmt >= 0) {
+    const char *text = stmt == OSR__ST_BEGIN   ? osr__store_pg.begin_sql
+                       : stmt == OSR__ST_RELAX ? osr__store_pg.relax_sql
+                                               : osr__stmt_sql[stmt];
     if (PQsendQueryParams(d->c, text, 0, NULL, NULL, NULL, NULL, 0) != 1)
       return OSR_EUNAVAILABLE;
   } else if (stmt < 0) {
@@ -586,6 +599,10 @@ const osr__db_vtbl_t osr__store_pg = {
   .name = "postgres",
   .serial_pk = "BIGSERIAL PRIMARY KEY",
   .begin_sql = "BEGIN",
+  /* Only this transaction: the commit is acknowledged once it is in the
+   * server's WAL buffers; the WAL writer flushes it within 3 x
+   * wal_writer_delay, and any later synchronous commit flushes it first. */
+  .relax_sql = "SET LOCAL synchronous_commit = off",
   .configure = pg_configure,
   .unconfigure = NULL,
   .db_new = pg_db_new,

@@ -1,6 +1,7 @@
 """Crash recovery: kill -9 of the gateway between the intent row and the
 provider's answer, restart, and compare the bindings with the sim provider's
 own list (external osr-sim, so resources outlive the gateway)."""
+import json
 import os
 import sys
 import threading
@@ -101,6 +102,105 @@ class Recovery(unittest.TestCase):
     def test_kill9_adopt_postgres(self):
         with services.PgServer() as pg:
             self.run_crash(store=pg.url)
+
+
+class LostUpdate(unittest.TestCase):
+    """The create's binding update (creating -> running) commits with
+    synchronous_commit = off on PostgreSQL, so a PostgreSQL crash may lose it
+    after the client got its 201. Each binding is put back into exactly what
+    such a loss leaves (the intent row: creating, no provider id, no endpoint,
+    no granted capabilities, updated_ms as at intent, no "create ok" audit
+    row) and must come back to running, pointing at its labelled resource:
+    by the reaper's stale pass while the gateway keeps running, and by
+    recovery at start. Without either path the rows stay creating and the
+    waits below time out."""
+
+    STALE_MS = 2000
+
+    def lose_update(self, pg, ids):
+        inl = ",".join("'%s'" % i for i in ids)
+        pg.psql("UPDATE bindings SET state = 1, provider_id = '', agent_endpoint = '', "
+                "granted_json = NULL, updated_ms = created_ms, last_activity_ms = 0 WHERE id IN (%s)" % inl)
+        pg.psql("DELETE FROM audit WHERE action = 'create' AND sandbox_id IN (%s)" % inl)
+
+    def check_adopted(self, gw, sim, tkey, made, action):
+        key = gwlib.ADMIN_KEY
+        ids = set(made)
+
+        def done():
+            items = {s["id"]: s for s in gw.list_all(key) if s["id"] in ids}
+            return items if all(s["state"] == "running" for s in items.values()) else None
+        items = gw.wait(done, timeout=30, what="lost binding updates adopted")
+        by_sid = {r["sandbox_id"]: r for r in sim.resources()}
+        for sid, s in items.items():
+            # The same resource the 201 named, found again by its label.
+            self.assertEqual(s["binding"]["providerId"], made[sid]["binding"]["providerId"])
+            self.assertEqual(s["binding"]["providerId"], by_sid[sid]["id"])
+            # The data plane's side: a token is issued for a running binding again.
+            r = gw.req("POST", "/v1/sandboxes/%s/tokens" % sid, {}, key=tkey)
+            self.assertEqual(r.status, 201, r)
+            self.assertTrue(r.json["token"])
+        audit = gw.req("GET", "/v1/audit?limit=1000", key=key).json["items"]
+        acts = [e for e in audit if e["sandboxId"] in ids and e["action"] == action]
+        self.assertEqual({e["sandboxId"] for e in acts}, ids, audit)
+        self.assertTrue(all(e["outcome"] == "ok" for e in acts), acts)
+
+    def create_some(self, gw, tkey, n=4):
+        made = {}
+        for i in range(n):
+            r = gw.create(tkey, {"metadata": {"i": str(i)}}, timeout=20)
+            self.assertEqual(r.status, 201, r)
+            made[r.json["id"]] = r.json
+        return made
+
+    def test_lost_binding_update_adopted_running_and_at_start(self):
+        with services.PgServer() as pg, gwlib.Sim("--latency-ms", "0") as sim:
+            cfg = {"reaper": {"interval_ms": 300, "stale_creating_ms": self.STALE_MS}}
+            gw = gwlib.Gateway([{"name": "sim", "type": "sim", "url": sim.url}], store=pg.url, cfg=cfg)
+            try:
+                tkey = gw.new_key("acme")
+                # 1. While the gateway keeps running: the reaper's stale pass.
+                made = self.create_some(gw, tkey)
+                self.lose_update(pg, made)
+                for sid in made:
+                    g = gw.req("GET", "/v1/sandboxes/" + sid, key=tkey)
+                    self.assertEqual(g.json["state"], "creating", g)
+                    r = gw.req("POST", "/v1/sandboxes/%s/tokens" % sid, {}, key=tkey)
+                    self.assertEqual(r.status, 409, r)
+                self.check_adopted(gw, sim, tkey, made, "reap.stale_creating")
+
+                # 2. At start: the gateway is gone when the update is lost;
+                # its reaper could not take these rows for 10 minutes, so
+                # only recovery at start (its own rows, any age) can.
+                made = self.create_some(gw, tkey)
+                gw.kill9()
+                self.lose_update(pg, made)
+                with open(gw.cfg_path) as f:
+                    conf = json.load(f)
+                conf["reaper"]["stale_creating_ms"] = 600000
+                with open(gw.cfg_path, "w") as f:
+                    json.dump(conf, f)
+                gw.start()
+                self.check_adopted(gw, sim, tkey, made, "recover.adopt")
+                # Nothing left creating, no orphan, no duplicate.
+                settle(self, gw, sim, gwlib.ADMIN_KEY)
+            finally:
+                gw.close()
+
+    def test_binding_commit_sync_option(self):
+        # ?binding_commit=sync is accepted (every commit waits for the disk);
+        # a bad value stops the gateway with a typed configuration error.
+        with services.PgServer() as pg:
+            gw = gwlib.Gateway([{"name": "sim", "type": "sim", "latency_ms": 0}],
+                               store=pg.url + "?binding_commit=sync")
+            try:
+                r = gw.create(gw.new_key("acme"), {}, timeout=20)
+                self.assertEqual(r.status, 201, r)
+            finally:
+                gw.close()
+            with self.assertRaises(AssertionError):
+                gwlib.Gateway([{"name": "sim", "type": "sim", "latency_ms": 0}],
+                              store=pg.url + "?binding_commit=maybe").close()
 
 
 class MultiGateway(unittest.TestCase):
