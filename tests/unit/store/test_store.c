@@ -1699,6 +1699,81 @@ static void test_conditional_update(void **state)
   ctx_close(&c);
 }
 
+/* Relaxed updates (osr_store_update_opts_t.relaxed) queued in the same loop
+ * turn as strict requests: on PostgreSQL the worker splits the batch into a
+ * relaxed transaction and a strict one; on SQLite the flag has no effect.
+ * Either way every request gets its own right answer: the updates apply with
+ * their audit rows, a conflicting one is refused without its audit row, the
+ * intents queued beside them are all created. */
+static void test_relaxed_update(void **state)
+{
+  enum { N = 12 };
+  ctx_t c;
+  char tenant[40];
+  osr_binding_t rows[N], fresh[N], u;
+  osr_audit_event_t ev;
+  osr_store_update_opts_t o;
+  res_t r[N], rf[N];
+  int i;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-relax-");
+  ctx_open(&c);
+  for (i = 0; i < N; i++) {
+    mk_binding(&rows[i], tenant, NULL, 1700000000000 + i);
+    sync_create(&c, &rows[i], &r[0]);
+    assert_int_equal(r[0].status, 0);
+    res_free(&r[0]);
+  }
+  /* One loop turn: relaxed updates and strict intents, interleaved. */
+  for (i = 0; i < N; i++) {
+    osr_binding_copy(&u, &rows[i]);
+    u.state = OSR_BINDING_RUNNING;
+    u.updated_ms = rows[i].updated_ms + 5;
+    mk_event(&ev, tenant, "create", rows[i].id);
+    memset(&o, 0, sizeof(o));
+    /* The last one asks for the wrong state: refused, no audit row. */
+    o.if_state = i == N - 1 ? OSR_BINDING_RUNNING : OSR_BINDING_CREATING;
+    o.audit = &ev;
+    o.relaxed = 1;
+    memset(&r[i], 0, sizeof(r[i]));
+    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &r[i]), 0);
+    osr_binding_dispose(&u);
+    mk_binding(&fresh[i], tenant, NULL, 1700000001000 + i);
+    memset(&rf[i], 0, sizeof(rf[i]));
+    assert_int_equal(osr_store_create_intent(c.st, &fresh[i], on_binding, &rf[i]), 0);
+  }
+  for (i = 0; i < N; i++) {
+    wait_for(&c.loop, &r[i].done, 1);
+    assert_int_equal(r[i].status, i == N - 1 ? OSR_ECONFLICT : 0);
+    wait_for(&c.loop, &rf[i].done, 1);
+    assert_int_equal(rf[i].status, 0);
+    assert_int_equal(rf[i].created, 1);
+    res_free(&rf[i]);
+  }
+  for (i = 0; i < N; i++) {
+    sync_get(&c, tenant, rows[i].id, &r[0]);
+    assert_int_equal(r[0].status, 0);
+    assert_int_equal(r[0].b.state, i == N - 1 ? OSR_BINDING_CREATING : OSR_BINDING_RUNNING);
+    res_free(&r[0]);
+    sync_get(&c, tenant, fresh[i].id, &r[0]);
+    assert_int_equal(r[0].status, 0);
+    assert_int_equal(r[0].b.state, OSR_BINDING_CREATING);
+    res_free(&r[0]);
+  }
+  memset(&r[0], 0, sizeof(r[0]));
+  assert_int_equal(osr_store_audit_list(c.st, tenant, NULL, 100, on_audit, &r[0]), 0);
+  wait_for(&c.loop, &r[0].done, 1);
+  assert_int_equal(r[0].status, 0);
+  assert_int_equal(r[0].n, N - 1);
+  res_free(&r[0]);
+  for (i = 0; i < N; i++) {
+    osr_binding_dispose(&rows[i]);
+    osr_binding_dispose(&fresh[i]);
+  }
+  ctx_close(&c);
+}
+
 int main(int argc, char **argv)
 {
   const char *pg = getenv("OSR_TEST_PG_URL");
@@ -1713,6 +1788,7 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_create_get_update),
     cmocka_unit_test(test_conditional_update),
     cmocka_unit_test(test_conditional_update_race),
+    cmocka_unit_test(test_relaxed_update),
     cmocka_unit_test(test_idempotency),
     cmocka_unit_test(test_list),
     cmocka_unit_test(test_submit_from_timer),
