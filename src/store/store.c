@@ -1506,7 +1506,11 @@ static void worker_main(void *arg)
      * own transaction: its commit does not wait for the disk, so their
      * answers go out before the strict transaction's flush, and a strict
      * request never commits without one. Stable partition: order within
-     * each part is kept. */
+     * each part is kept, but a relaxed request may commit before a strict
+     * one queued ahead of it in the same turn. Nothing relies on that order:
+     * the only relaxed write is the create's compare-and-set on a creating
+     * row, whose competitors (recovery, the reaper) are compare-and-sets
+     * too, so exactly one wins whichever commits first. */
     osr__req_t *strict[OSR__STORE_BATCH_MAX];
     size_t nstrict = 0;
     nrel = 0;

@@ -152,7 +152,8 @@ typedef struct osr_store_update_opts_s {
    *  database crash may then lose this update (and its audit event) after
    *  it was reported done. Only for a write that a recovery path restores
    *  when it is lost: the create's binding update (create.c, "Relaxed
-   *  binding commit"). */
+   *  binding commit"). It may commit before strict requests submitted
+   *  earlier in the same loop turn. */
   int relaxed;
 } osr_store_update_opts_t;
 
