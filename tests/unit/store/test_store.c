@@ -1533,7 +1533,7 @@ static void mk_event(osr_audit_event_t *ev, const char *tenant, const char *acti
   snprintf(ev->tenant, sizeof(ev->tenant), "%s", tenant);
   snprintf(ev->actor, sizeof(ev->actor), "reaper");
   snprintf(ev->action, sizeof(ev->action), "%s", action);
-  snprintf(ev->sandbox_id, sizeof(ev->sandbox_id), "%s", id);
+  snprintf(ev->sandbox_id, sizeof(ev->sandbox_id), "%.*s", (int)sizeof(ev->sandbox_id) - 1, id);
   snprintf(ev->outcome, sizeof(ev->outcome), "ok");
   ev->detail_json = (char *)"{\"resolution\":\"x\"}";
 }
