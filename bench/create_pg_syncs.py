@@ -10,6 +10,7 @@ for) and, separately, of the rest of the server (WAL writer, checkpointer:
 off every create's path). Also pg_stat_database's commits per create.
 
 Usage: bench/create_pg_syncs.py [--build DIR] [--base-gateway EXE] [-n 3000] [-c 10]
+       [--mode inproc|url] [--rounds 1] [--pg-params '?binding_commit=sync']
 """
 import argparse
 import os
@@ -50,9 +51,10 @@ def main():
     ap.add_argument("-c", type=int, default=10)
     ap.add_argument("--mode", default="inproc", choices=["inproc", "url"])
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--pg-params", default="", help="appended to the store URL, e.g. ?binding_commit=sync")
     a = ap.parse_args()
     ns = argparse.Namespace(build=a.build, sim=None, load=None, warmup=0, gw_cpu=1, load_cpu=0,
-                            base_gateway=None, pg_params="")
+                            base_gateway=None, pg_params=a.pg_params)
     b = create_bench.Bench(ns)
     b.pg = b.start_pg()
     exes = [("this", None)] + ([("base", a.base_gateway)] if a.base_gateway else [])
