@@ -13,8 +13,17 @@ Workloads:
   hello-h2   GET /hello over h2c prior knowledge, h2load (10 streams/conn)
   echo-h2    POST /echo with a 16 KiB body over h2c, h2load
 
+Equal CPU budget (--cpu-quota Q, e.g. 0.5): every round is run twice per
+server, unconstrained as above and then inside a CPU cgroup limited to Q of
+one CPU (cgroup v2 cpu.max, or cgroup v1 cpu.cfs_quota_us where the cpu
+controller is bound to v1), created and removed by the script. The server
+(nginx: master and its one worker) runs inside; the load generator stays
+outside on its own core, so under the quota the server, not wrk, is the
+bottleneck, and req/s compares CPU cost per request at equal CPU. Every
+round of both modes is printed (req/s, server CPU µs/req, osr/nginx ratio).
+
 Usage: bench/http_bench.py [--build DIR] [--rounds N] [--duration S]
-                           [--conns N] [--out FILE]
+                           [--conns N] [--out FILE] [--cpu-quota Q]
 Needs: wrk, h2load (nghttp2-client), nginx-light + libnginx-mod-http-echo
 (scripts/install-deps.sh --bench).
 """
@@ -82,11 +91,106 @@ def wait_port(port, timeout=10):
     raise RuntimeError("port %d never opened" % port)
 
 
-def start_osr(build, cpu):
+class CpuQuota:
+    """A CPU cgroup limited to `quota` of one CPU (period 100 ms), created on
+    enter and removed on exit. cgroup v2 (cpu.max) where the cpu controller
+    is on the unified hierarchy, else cgroup v1 (cpu.cfs_quota_us)."""
+
+    PERIOD_US = 100000
+
+    def __init__(self, quota):
+        self.quota = quota
+        self.path = None
+        self.kind = None
+
+    @staticmethod
+    def _v2_root():
+        for line in open("/proc/self/mounts"):
+            f = line.split()
+            if f[2] == "cgroup2":
+                try:
+                    with open(os.path.join(f[1], "cgroup.controllers")) as c:
+                        if "cpu" in c.read().split():
+                            return f[1]
+                except OSError:
+                    pass
+        return None
+
+    @staticmethod
+    def _v1_root():
+        for line in open("/proc/self/mounts"):
+            f = line.split()
+            if f[2] == "cgroup" and "cpu" in f[3].split(","):
+                return f[1]
+        return None
+
+    def __enter__(self):
+        name = "osr-http-bench-%d" % os.getpid()
+        quota_us = int(self.quota * self.PERIOD_US)
+        root = self._v2_root()
+        if root is not None:
+            with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+            self.path, self.kind = os.path.join(root, name), "cgroup v2 cpu.max"
+            os.mkdir(self.path)
+            with open(os.path.join(self.path, "cpu.max"), "w") as f:
+                f.write("%d %d" % (quota_us, self.PERIOD_US))
+        else:
+            root = self._v1_root()
+            if root is None:
+                raise RuntimeError("--cpu-quota: no cgroup with the cpu controller mounted")
+            self.path, self.kind = os.path.join(root, name), "cgroup v1 cpu.cfs_quota_us"
+            os.mkdir(self.path)
+            with open(os.path.join(self.path, "cpu.cfs_period_us"), "w") as f:
+                f.write(str(self.PERIOD_US))
+            with open(os.path.join(self.path, "cpu.cfs_quota_us"), "w") as f:
+                f.write(str(quota_us))
+        return self
+
+    def describe(self):
+        return "%s = %d µs per %d µs (%.2f of a CPU)" % (
+            self.kind, int(self.quota * self.PERIOD_US), self.PERIOD_US, self.quota)
+
+    def join(self):
+        """preexec_fn for a server: move the child into the group before it
+        execs (nginx's worker, forked later, inherits it)."""
+        path = self.path
+
+        def move():
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        return move
+
+    def throttled(self):
+        """(periods throttled, of periods run) so far: shows that the quota binds."""
+        st = {}
+        try:
+            with open(os.path.join(self.path, "cpu.stat")) as f:
+                for line in f:
+                    k, v = line.split()
+                    st[k] = int(v)
+        except OSError:
+            pass
+        return st.get("nr_throttled", 0), st.get("nr_periods", 0)
+
+    def __exit__(self, *exc):
+        if self.path is None:
+            return
+        for _ in range(50):  # the servers' exit may still be in progress
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
+        print("warning: could not remove %s" % self.path, file=sys.stderr)
+
+
+def start_osr(build, cpu, preexec=None):
     exe = os.path.join(build, "tests", "osr-testd")
     p = subprocess.Popen(["taskset", "-c", str(cpu), exe, "--listen", "127.0.0.1:0",
                           "--log-level", "error", "--max-conns", "20000"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         preexec_fn=preexec)
     port = None
     for line in p.stdout:
         if line.startswith("listening "):
@@ -96,7 +200,7 @@ def start_osr(build, cpu):
     return p, port, port  # the same port serves HTTP/1.1 and h2c
 
 
-def start_nginx(cpu, tmp):
+def start_nginx(cpu, tmp, preexec=None):
     port, h2port = free_port(), free_port()
     for d in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(os.path.join(tmp, d), exist_ok=True)
@@ -105,7 +209,7 @@ def start_nginx(cpu, tmp):
     with open(conf, "w") as f:
         f.write(NGINX_CONF.format(dir=tmp, port=port, h2port=h2port, affinity=affinity))
     p = subprocess.Popen(["nginx", "-c", conf, "-p", tmp], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+                         stderr=subprocess.DEVNULL, preexec_fn=preexec)
     wait_port(port)
     wait_port(h2port)
     return p, port, h2port
@@ -213,7 +317,12 @@ def main():
     ap.add_argument("--idle", type=int, default=0,
                     help="before the rounds, open N idle HTTP/1.1 keep-alive connections (one GET "
                          "each) to a fresh server and report its RSS growth per connection")
+    ap.add_argument("--cpu-quota", type=float, default=0,
+                    help="also run every round with each server inside a CPU cgroup limited to this "
+                         "fraction of one CPU (e.g. 0.5); see the file comment")
     a = ap.parse_args()
+    if a.cpu_quota < 0 or a.cpu_quota > os.cpu_count():
+        sys.exit("--cpu-quota: between 0 and %d" % os.cpu_count())
     for tool in ("wrk", "h2load", "nginx", "taskset"):
         if shutil.which(tool) is None:
             sys.exit("missing %s: run scripts/install-deps.sh --bench" % tool)
@@ -245,12 +354,12 @@ def main():
     chosen = [w for w in a.only.split(",") if w]
     servers = ["osr", "nginx"] + (["base"] if a.base else [])
 
-    def start(name):
+    def start(name, preexec=None):
         if name == "osr":
-            return start_osr(a.build, a.server_cpu)
+            return start_osr(a.build, a.server_cpu, preexec)
         if name == "base":
-            return start_osr(a.base, a.server_cpu)
-        return start_nginx(a.server_cpu, tmp)
+            return start_osr(a.base, a.server_cpu, preexec)
+        return start_nginx(a.server_cpu, tmp, preexec)
 
     idle = {}
     if a.idle:
@@ -261,22 +370,34 @@ def main():
                 print("idle %-6s %.2f KiB/conn" % (name, idle[name]), flush=True)
             finally:
                 stop(p)
-    results = {w: {n: [] for n in servers} for w in chosen}
+    modes = ["free"] + (["quota"] if a.cpu_quota else [])
+    results = {m: {w: {n: [] for n in servers} for w in chosen} for m in modes}
+    quota = CpuQuota(a.cpu_quota) if a.cpu_quota else None
     try:
+        if quota is not None:
+            quota.__enter__()
+            print("quota: " + quota.describe(), flush=True)
         for r in range(a.rounds):
-            for name in servers:
-                p, port, h2port = start(name)
-                try:
-                    for w in chosen:
-                        cpu0 = proc_tree_cpu(p.pid)
-                        res = workloads[w](port, h2port)
-                        res["srv_us"] = (proc_tree_cpu(p.pid) - cpu0) * 1e6 / max(res["n"], 1)
-                        results[w][name].append(res)
-                        print("round %d %-6s %-9s %s" % (r + 1, name, w, res), flush=True)
-                finally:
-                    stop(p)
+            for mode in modes:
+                for name in servers:
+                    p, port, h2port = start(name, quota.join() if mode == "quota" else None)
+                    try:
+                        for w in chosen:
+                            cpu0 = proc_tree_cpu(p.pid)
+                            th0 = quota.throttled() if mode == "quota" else (0, 0)
+                            res = workloads[w](port, h2port)
+                            res["srv_us"] = (proc_tree_cpu(p.pid) - cpu0) * 1e6 / max(res["n"], 1)
+                            if mode == "quota":
+                                th1 = quota.throttled()
+                                res["throttled"] = "%d/%d" % (th1[0] - th0[0], th1[1] - th0[1])
+                            results[mode][w][name].append(res)
+                            print("round %d %-5s %-6s %-9s %s" % (r + 1, mode, name, w, res), flush=True)
+                    finally:
+                        stop(p)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if quota is not None:
+            quota.__exit__(None, None, None)
 
     cmd = "bench/http_bench.py " + " ".join(sys.argv[1:])
     load = "load average %.2f %.2f %.2f at the end" % os.getloadavg()
@@ -297,7 +418,7 @@ def main():
         return "mean %.0f" % med(rs, "mean_us")
 
     for w in chosen:
-        o, n = results[w]["osr"], results[w]["nginx"]
+        o, n = results["free"][w]["osr"], results["free"][w]["nginx"]
         lines.append("| %s | %.0f | %.0f | **%.2f×** | %s | %s | %.2f / %.2f |" % (
             w, med(o, "rps"), med(n, "rps"), med(o, "rps") / med(n, "rps"), lat(o), lat(n),
             med(o, "srv_us"), med(n, "srv_us")))
@@ -306,10 +427,30 @@ def main():
                   "| workload | osr req/s | base req/s | osr / base | server CPU µs/req osr / base |",
                   "|---|---|---|---|---|"]
         for w in chosen:
-            o, b = results[w]["osr"], results[w]["base"]
+            o, b = results["free"][w]["osr"], results["free"][w]["base"]
             lines.append("| %s | %.0f | %.0f | **%.3f×** | %.2f / %.2f |" % (
                 w, med(o, "rps"), med(b, "rps"), med(o, "rps") / med(b, "rps"), med(o, "srv_us"),
                 med(b, "srv_us")))
+    if quota is not None:
+        lines += ["", "**Equal CPU budget**: each server inside %s; the load generator outside, on cpu %d." % (
+                      quota.describe(), a.client_cpu),
+                  "Throttled = CFS periods in which the group hit its quota / periods it ran.", "",
+                  "| workload | osr req/s | nginx req/s | ratio | server CPU µs/req osr / nginx |",
+                  "|---|---|---|---|---|"]
+        for w in chosen:
+            o, n = results["quota"][w]["osr"], results["quota"][w]["nginx"]
+            lines.append("| %s | %.0f | %.0f | **%.2f×** | %.2f / %.2f |" % (
+                w, med(o, "rps"), med(n, "rps"), med(o, "rps") / med(n, "rps"), med(o, "srv_us"),
+                med(n, "srv_us")))
+        lines += ["", "Every round under the quota, in the order run:", "",
+                  "| round | workload | " + " | ".join("%s req/s (µs/req, throttled)" % k for k in servers) +
+                  " | osr / nginx |", "|---|---|" + "---|" * len(servers) + "---|"]
+        for r in range(a.rounds):
+            for w in chosen:
+                rs = {k: results["quota"][w][k][r] for k in servers}
+                lines.append("| %d | %s | " % (r + 1, w) + " | ".join(
+                    "%.0f (%.2f, %s)" % (rs[k]["rps"], rs[k]["srv_us"], rs[k]["throttled"]) for k in servers) +
+                    " | %.3f× |" % (rs["osr"]["rps"] / rs["nginx"]["rps"]))
     if idle:
         lines += ["", "Idle HTTP/1.1 keep-alive connections (%d, RSS growth / N): " % a.idle +
                   ", ".join("%s %.2f KiB/conn" % (k, v) for k, v in idle.items()) + "."]

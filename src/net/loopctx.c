@@ -14,6 +14,8 @@
  */
 #include "net/loopctx.h"
 
+#include <string.h>
+
 #include "osr/common.h"
 #include "util/mem.h"
 
@@ -27,6 +29,9 @@ struct osr_loopctx_s {
   uint64_t armed_due;    /* due time uv timer is armed for (valid while active) */
   osr_pending_t pending; /* list sentinel */
   osr_pending_t again;   /* a timer pass left due timers for the next iteration */
+  struct call_s *calls;  /* deferred calls, oldest first (run == NULL: done) */
+  uint32_t ncalls, calls_cap;
+  osr_pending_t calls_node; /* scheduled while calls are queued */
   int refs;
   int open_handles;    /* handles to close before freeing */
   osr_loopctx_t *next; /* the thread's list */
@@ -274,6 +279,58 @@ void osr_pending_cancel(osr_loopctx_t *ctx, osr_pending_t *n)
   /* The idle handle stops itself when it finds the list empty. */
 }
 
+/* ---- deferred calls ------------------------------------------------------ */
+
+typedef struct call_s {
+  osr_call_cb run;
+  void *obj;
+  osr_fn_t fn;
+  void *arg;
+} call_t;
+
+/* Run the calls queued before this pass, in order; calls they defer (which
+ * may grow the array) wait for the next iteration. A call osr_call_flush
+ * ran already is marked done and skipped. */
+static void on_calls(osr_pending_t *n)
+{
+  osr_loopctx_t *c = osr_container_of(n, osr_loopctx_t, calls_node);
+  uint32_t end = c->ncalls;
+
+  ctx_ref(c);
+  for (uint32_t i = 0; i < end; i++) {
+    call_t k = c->calls[i];
+    if (k.run == NULL)
+      continue;
+    c->calls[i].run = NULL;
+    k.run(k.obj, k.fn, k.arg);
+  }
+  c->ncalls -= end;
+  memmove(c->calls, c->calls + end, c->ncalls * sizeof(*c->calls));
+  osr_loopctx_release(c);
+}
+
+void osr_call_defer(osr_loopctx_t *c, osr_call_cb run, void *obj, osr_fn_t fn, void *arg)
+{
+  if (c->ncalls == c->calls_cap) {
+    c->calls_cap = c->calls_cap != 0 ? 2 * c->calls_cap : 64;
+    c->calls = osr_xrealloc(c->calls, c->calls_cap * sizeof(*c->calls));
+  }
+  c->calls[c->ncalls++] = (call_t){run, obj, fn, arg};
+  osr_pending_schedule(c, &c->calls_node, on_calls);
+}
+
+void osr_call_flush(osr_loopctx_t *c, const void *obj)
+{
+  uint32_t end = c->ncalls;
+  for (uint32_t i = 0; i < end; i++) {
+    call_t k = c->calls[i];
+    if (k.run == NULL || k.obj != obj)
+      continue;
+    c->calls[i].run = NULL;
+    k.run(k.obj, k.fn, k.arg);
+  }
+}
+
 /* ---- lifetime ---------------------------------------------------------------- */
 
 osr_loopctx_t *osr_loopctx_acquire(uv_loop_t *loop)
@@ -294,6 +351,7 @@ osr_loopctx_t *osr_loopctx_acquire(uv_loop_t *loop)
   c->open_handles = 2;
   c->pending._next = c->pending._prev = &c->pending;
   osr_pending_init(&c->again);
+  osr_pending_init(&c->calls_node);
   c->refs = 1;
   c->next = thread_ctxs;
   thread_ctxs = c;
@@ -306,6 +364,7 @@ static void on_handle_closed(uv_handle_t *h)
   if (--c->open_handles != 0)
     return;
   osr_free(c->heap);
+  osr_free(c->calls);
   osr_free(c);
 }
 

@@ -105,4 +105,24 @@ static inline int osr_pending_is_scheduled(const osr_pending_t *n)
   return n->_next != NULL;
 }
 
+/* ---- deferred calls ------------------------------------------------------
+ * A FIFO of calls with arguments, run on the next loop iteration from the
+ * pending list, for owners that must not carry a node of their own for each
+ * outstanding call (net/sock.c: the callbacks of writes the kernel took at
+ * once). The queue lives in the context and grows to the number of calls
+ * outstanding in one iteration; nothing is allocated per call. */
+
+/** Any function pointer, cast back to its real type by the deferred call. */
+typedef void (*osr_fn_t)(void);
+/** Runs one deferred call. */
+typedef void (*osr_call_cb)(void *obj, osr_fn_t fn, void *arg);
+
+/** Call run(obj, fn, arg) on the next loop iteration, after the calls
+ *  deferred before it. */
+void osr_call_defer(osr_loopctx_t *ctx, osr_call_cb run, void *obj, osr_fn_t fn, void *arg);
+/** Run now, in order, every call deferred for `obj` that has not run yet
+ *  (calls these defer again wait for the next iteration). For an owner that
+ *  must see them before something else, or is about to go away. */
+void osr_call_flush(osr_loopctx_t *ctx, const void *obj);
+
 #endif

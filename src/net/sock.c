@@ -41,7 +41,8 @@ static void do_close(osr_sock_t *s);
 
 int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
 {
-  osr_sock_t *s = osr_xcalloc(1, sizeof(*s));
+  /* A TCP socket leaves out the tail only a uv_pipe_t uses (sock.h). */
+  osr_sock_t *s = osr_xcalloc(1, is_pipe ? sizeof(*s) : OSR__SOCK_TCP_SIZE);
   int rv;
 
   s->loop = loop;
@@ -110,7 +111,7 @@ static void on_idle_timer(osr_timer_t *t)
   if (s->_idle_timeout_ms == 0)
     return;
   /* touch() only records the time (see there): the timer may be early. */
-  uint64_t idle = uv_now(s->loop) - s->_last_active;
+  uint32_t idle = (uint32_t)uv_now(s->loop) - s->_last_active; /* mod 2^32: < 49 days */
   if (idle < s->_idle_timeout_ms) {
     osr_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms - idle);
     return;
@@ -135,7 +136,7 @@ static void idle_arm(osr_sock_t *s, int timeout_changed)
 {
   if (s->_idle_timeout_ms == 0 || (s->_flags & OSR_SOCK_F_CLOSING))
     return;
-  s->_last_active = uv_now(s->loop);
+  s->_last_active = (uint32_t)uv_now(s->loop);
   if (!osr_timer_is_active(&s->_timer) ||
       (timeout_changed && osr_timer_due_in(&s->_timer) > s->_idle_timeout_ms))
     osr_timer_start(&s->_timer, on_idle_timer, s->_idle_timeout_ms);
@@ -315,10 +316,12 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
       osr__sock_handshake_done(s, nread == UV_EOF ? OSR_ECONNRESET : (int)nread);
       return;
     }
-    if (!(s->_flags & OSR_SOCK_F_READING)) {
-      /* Paused: the owner learns of the end when it reads again, after
-       * the bytes still buffered, as if libuv had not been reading. */
-      s->_pending_err = (int)nread;
+    if (!(s->_flags & OSR_SOCK_F_READING) || osr_pending_is_scheduled(&s->_kick)) {
+      /* Paused, or buffered bytes are still to be delivered (the kick a
+       * read_start scheduled): the owner learns of the end when it reads
+       * again, after the bytes still buffered, as if libuv had not been
+       * reading. */
+      s->_pending_err = (int16_t)nread; /* UV_EOF and errnos fit */
       lazy_stop(s);
       return;
     }
@@ -392,8 +395,6 @@ static void on_kick(osr_pending_t *n)
 {
   osr_sock_t *s = osr_container_of(n, osr_sock_t, _kick);
 
-  if (!(s->_flags & OSR_SOCK_F_CLOSING))
-    wdone_run(s);
   if ((s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_READING)) != OSR_SOCK_F_READING)
     return;
   if (s->_tls != NULL) {
@@ -453,27 +454,40 @@ int osr_sock_is_reading(const osr_sock_t *s)
 
 /* ---- writing ------------------------------------------------------------- */
 
-/* Run the callbacks of writes that completed at once (see _wdone), oldest
- * first. Called from top-level libuv callbacks only. */
+/* One write that completed at once (see _wdone_n), from the loop context's
+ * deferred calls or osr_call_flush. */
+static void wdone_one(void *obj, osr_fn_t fn, void *arg)
+{
+  osr_sock_t *s = obj;
+  osr_sock_write_cb cb = (osr_sock_write_cb)fn;
+
+  s->_wdone_n--;
+  touch(s);
+  if (cb != NULL) {
+    cb_enter(s);
+    cb(s, 0, arg);
+    cb_leave(s);
+  }
+  /* The callback usually resumes reading (an HTTP/1.1 exchange is over):
+   * deliver what is buffered (a pipelined request) now, in this turn, as
+   * the socket's own kick would, instead of one poll later. Not when
+   * flushed ahead of another event (wdone_run). */
+  if (s->_wdone_n == 0 && !(s->_flags & OSR_SOCK_F_WFLUSH) && osr_pending_is_scheduled(&s->_kick)) {
+    osr_pending_cancel(osr_timer_ctx(&s->_timer), &s->_kick);
+    on_kick(&s->_kick);
+  }
+}
+
+/* Run the callbacks of writes that completed at once now, oldest first,
+ * before a later event of the same socket (a queued write's completion, the
+ * close) is reported. Called from top-level libuv callbacks only. */
 static void wdone_run(osr_sock_t *s)
 {
-  unsigned n = s->_wdone_n;
-  if (n == 0)
+  if (s->_wdone_n == 0)
     return;
-  osr_sock_write_cb cbs[OSR_ARRAY_SIZE(s->_wdone)];
-  void *args[OSR_ARRAY_SIZE(s->_wdone)];
-  for (unsigned i = 0; i < n; i++) {
-    cbs[i] = s->_wdone[i].cb;
-    args[i] = s->_wdone[i].arg;
-  }
-  s->_wdone_n = 0; /* the callbacks may write again */
-  touch(s);
-  cb_enter(s);
-  for (unsigned i = 0; i < n; i++) {
-    if (cbs[i] != NULL)
-      cbs[i](s, 0, args[i]);
-  }
-  cb_leave(s);
+  s->_flags |= OSR_SOCK_F_WFLUSH;
+  osr_call_flush(osr_timer_ctx(&s->_timer), s);
+  s->_flags &= ~OSR_SOCK_F_WFLUSH;
 }
 
 static void on_uv_write(uv_write_t *req, int status)
@@ -512,14 +526,12 @@ int osr__sock_raw_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs,
    * buffer). A partial write queues the rest below. */
   osr_iovec_t rest_inline[16];
   osr_iovec_t *rest = NULL;
-  if (s->_write_queue == 0 && s->_wdone_n < OSR_ARRAY_SIZE(s->_wdone) &&
+  if (s->_write_queue == 0 && s->_wdone_n < UINT16_MAX &&
       uv_stream_get_write_queue_size(&s->_h.stream) == 0) {
     int n = uv_try_write(&s->_h.stream, (const uv_buf_t *)bufs, (unsigned)nbufs);
     if (n >= 0 && (size_t)n == total) {
-      s->_wdone[s->_wdone_n].cb = cb;
-      s->_wdone[s->_wdone_n].arg = arg;
       s->_wdone_n++;
-      osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
+      osr_call_defer(osr_timer_ctx(&s->_timer), wdone_one, s, (osr_fn_t)cb, arg);
       return 0;
     }
     if (n > 0) {
@@ -637,11 +649,9 @@ int osr_sock_shutdown(osr_sock_t *s, osr_sock_write_cb cb, void *arg)
 static void on_handle_closed(uv_handle_t *h)
 {
   osr_sock_t *s = h->data;
-  if (h == &s->_h.handle && s->_wdone_n != 0) {
-    /* Written before the close and not yet reported (a queued uv_write
-     * would have run them first, in on_uv_write): they succeeded. */
-    wdone_run(s);
-  }
+  /* Written before the close and not yet reported (a queued uv_write
+   * would have run them first, in on_uv_write): they succeeded. */
+  wdone_run(s);
   if (s->_listener != NULL)
     osr__listener_forget(s->_listener, s);
   if (s->ev != NULL && s->ev->on_close != NULL)

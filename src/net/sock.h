@@ -36,6 +36,7 @@
 #ifndef OSR_NET_SOCK_H
 #define OSR_NET_SOCK_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -77,6 +78,7 @@ enum {
   OSR_SOCK_F_DRAINING = 1u << 7,
   OSR_SOCK_F_CLOSE_PENDING = 1u << 8, /* close requested during a callback */
   OSR_SOCK_F_KICK_FORCED = 1u << 9,   /* osr_sock_kick(): deliver even with no input */
+  OSR_SOCK_F_WFLUSH = 1u << 10,       /* completed writes reported ahead of another event */
 };
 
 /* One queued write (private to sock.c). */
@@ -88,6 +90,11 @@ typedef struct osr__sock_wreq_s {
   void *arg;
 } osr__sock_wreq_t;
 
+/* Laid out for the idle keep-alive connection, which is mostly this struct:
+ * 440 bytes for TCP (a 448-byte malloc chunk), of which 248 are libuv's
+ * uv_tcp_t. The handle comes last, so a TCP socket is allocated without the
+ * 16 bytes by which a uv_pipe_t is larger (osr__sock_new); only unix
+ * sockets may use _h.pipe. */
 struct osr_sock_s {
   /** The owner's pointer. */
   void *data;
@@ -97,38 +104,39 @@ struct osr_sock_s {
   osr_buf_t input;
 
   /* private */
-  union {
-    uv_handle_t handle;
-    uv_stream_t stream;
-    uv_tcp_t tcp;
-    uv_pipe_t pipe;
-  } _h;
   /* The idle (or TLS handshake) timeout and the deferred delivery of
    * buffered input are nodes on the loop's shared timer heap and pending
    * list (net/loopctx.h), not libuv handles of their own: the stream is the
    * socket's only handle. */
   osr_timer_t _timer;         /* holds the loop context reference */
   osr_pending_t _kick;        /* deferred delivery of buffered input */
-  uint64_t _last_active;      /* loop time of the last read or write (idle timer) */
-  uint32_t _idle_timeout_ms;  /* 0: none (clamped to 2^32-1 ms) */
-  unsigned _flags;
-  int _pending_err;           /* EOF/error read while the owner paused reading */
-  int _in_cb;                 /* >0 while an owner callback runs */
   size_t _write_queue;        /* bytes queued and not yet written */
-  /* Writes the kernel took whole at once (uv_try_write): their callbacks
-   * run from _kick on the next loop turn, in order, never from inside
-   * osr_sock_write. This skips libuv's write queue, whose drain costs an
-   * epoll_ctl per write. */
-  struct {
-    osr_sock_write_cb cb;
-    void *arg;
-  } _wdone[4];
-  unsigned _wdone_n;
   osr_tls_conn_t *_tls;       /* NULL for cleartext */
   osr_listener_t *_listener;  /* accepted by; NULL for client sockets */
   struct osr_sock_s *_prev, *_next; /* the listener's connection list */
   void (*_handshake_cb)(osr_sock_t *s, int status);
+  uint32_t _last_active;      /* low 32 bits of the loop time (ms) of the last read or write */
+  uint32_t _idle_timeout_ms;  /* 0: none (clamped to 2^32-1 ms) */
+  int16_t _pending_err;       /* EOF/error read while the owner paused reading */
+  uint16_t _flags;
+  uint16_t _in_cb;            /* >0 while an owner callback runs */
+  /* Writes the kernel took whole at once (uv_try_write) whose callbacks
+   * are still to run: they run from the loop context's deferred calls
+   * (osr_call_defer) on the next loop turn, in order, never from inside
+   * osr_sock_write. This skips libuv's write queue, whose drain costs an
+   * epoll_ctl per write, without a per-socket slot array (which an idle
+   * connection would carry for nothing). */
+  uint16_t _wdone_n;
+  union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe; /* unix sockets only: see above */
+  } _h;                       /* last: see above */
 };
+
+/* Bytes allocated for a TCP socket: all but the uv_pipe_t's extra tail. */
+#define OSR__SOCK_TCP_SIZE (offsetof(osr_sock_t, _h) + sizeof(uv_tcp_t))
 
 /**
  * Allocate a socket for `loop` with an initialised, not yet connected TCP

@@ -3,7 +3,9 @@
  * libuv loop: firing order, stop and re-arm from inside callbacks, a 0 ms
  * timer started from a callback waiting for the next pass, many timers in
  * random order, freeing a timer's memory from its own callback, pending
- * calls in order with cancel and reschedule, and the context closing its
+ * calls in order with cancel and reschedule, deferred calls in order with
+ * flush by owner (calls deferred from a call wait for the next pass, more
+ * than the queue's first allocation holds), and the context closing its
  * handles with the last reference so uv_loop_close() succeeds.
  */
 #include <setjmp.h>
@@ -330,6 +332,46 @@ static void test_pending(void **state)
   loop_done(loop, &prep);
 }
 
+/* Deferred calls: FIFO across owners, flush runs one owner's now and only
+ * once, calls deferred from inside a call run on a later pass. */
+static osr_loopctx_t *dctx;
+static int dobj[2];
+static uint64_t dpass[200];
+
+static void on_deferred(void *obj, osr_fn_t fn, void *arg)
+{
+  int id = (int)(intptr_t)arg;
+  assert_null(fn);
+  dpass[id] = passes;
+  order[norder++] = (obj == &dobj[0] ? 0 : 1000) + id;
+  if (id == 4) /* from inside a call: waits for the next pass */
+    osr_call_defer(dctx, on_deferred, &dobj[0], NULL, (void *)(intptr_t)199);
+}
+
+static void test_deferred_calls(void **state)
+{
+  (void)state;
+  uv_prepare_t prep;
+  uv_loop_t *loop = loop_new(&prep);
+  dctx = osr_loopctx_acquire(loop);
+  for (int i = 0; i < 150; i++) /* beyond the first 64 slots */
+    osr_call_defer(dctx, on_deferred, &dobj[i % 2], NULL, (void *)(intptr_t)i);
+  osr_call_flush(dctx, &dobj[1]); /* the odd ones, now, in order */
+  assert_int_equal(norder, 75);
+  for (int i = 0; i < 75; i++)
+    assert_int_equal(order[i], 1000 + 2 * i + 1);
+  osr_call_flush(dctx, &dobj[1]); /* nothing left for it */
+  assert_int_equal(norder, 75);
+  uv_run(loop, UV_RUN_DEFAULT);
+  assert_int_equal(norder, 151);
+  for (int i = 0; i < 75; i++)
+    assert_int_equal(order[75 + i], 2 * i);
+  assert_int_equal(order[150], 199);
+  assert_true(dpass[199] > dpass[4]);
+  osr_loopctx_release(dctx);
+  loop_done(loop, &prep);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -341,6 +383,7 @@ int main(void)
       cmocka_unit_test(test_free_inside_callback),
       cmocka_unit_test(test_close_while_armed),
       cmocka_unit_test(test_pending),
+      cmocka_unit_test(test_deferred_calls),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
