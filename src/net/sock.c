@@ -35,7 +35,8 @@ typedef struct shutdown_req_s {
 } shutdown_req_t;
 
 static void sock_update_reading(osr_sock_t *s);
-static void on_kick(osr_pending_t *n);
+static void on_kick(osr_sock_t *s);
+static void kick_schedule(osr_sock_t *s);
 static void wdone_run(osr_sock_t *s);
 static void do_close(osr_sock_t *s);
 
@@ -45,7 +46,6 @@ int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
   osr_sock_t *s = osr_xcalloc(1, is_pipe ? sizeof(*s) : OSR__SOCK_TCP_SIZE);
   int rv;
 
-  s->loop = loop;
   osr_buf_init(&s->input, OSR_SOCK_INPUT_MAX_DEFAULT);
   if (is_pipe) {
     rv = uv_pipe_init(loop, &s->_h.pipe, 0);
@@ -59,7 +59,6 @@ int osr__sock_new(uv_loop_t *loop, int is_pipe, osr_sock_t **out)
   }
   s->_h.handle.data = s;
   osr_timer_init(&s->_timer, osr_loopctx_acquire(loop));
-  osr_pending_init(&s->_kick);
   *out = s;
   return 0;
 }
@@ -316,7 +315,7 @@ static void on_uv_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
       osr__sock_handshake_done(s, nread == UV_EOF ? OSR_ECONNRESET : (int)nread);
       return;
     }
-    if (!(s->_flags & OSR_SOCK_F_READING) || osr_pending_is_scheduled(&s->_kick)) {
+    if (!(s->_flags & OSR_SOCK_F_READING) || (s->_flags & OSR_SOCK_F_KICK)) {
       /* Paused, or buffered bytes are still to be delivered (the kick a
        * read_start scheduled): the owner learns of the end when it reads
        * again, after the bytes still buffered, as if libuv had not been
@@ -363,7 +362,7 @@ static void sock_update_reading(osr_sock_t *s)
 
   if (want && s->_pending_err != 0) {
     /* An end read while paused: delivered by on_kick, after the input. */
-    osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
+    kick_schedule(s);
   } else if (want && !(s->_flags & OSR_SOCK_F_UV_READING)) {
     if (uv_read_start(&s->_h.stream, on_alloc, on_uv_read) == 0)
       s->_flags |= OSR_SOCK_F_UV_READING;
@@ -391,10 +390,41 @@ int osr__sock_raw_read_start(osr_sock_t *s)
   return 0;
 }
 
-static void on_kick(osr_pending_t *n)
+/* The kick is a deferred call (osr_call_defer) with a flag, not a list node
+ * of its own in every socket. Cancelling only clears OSR_SOCK_F_KICK: a call
+ * still queued finds it clear and does nothing (the close flushes it, see
+ * on_handle_closed, so none outlives the socket). */
+static void kick_run(void *obj, osr_fn_t fn, void *arg)
 {
-  osr_sock_t *s = osr_container_of(n, osr_sock_t, _kick);
+  osr_sock_t *s = obj;
+  (void)fn;
+  (void)arg;
+  s->_flags &= ~OSR_SOCK_F_KICK_QUEUED;
+  if (!(s->_flags & OSR_SOCK_F_KICK))
+    return;
+  if (s->_flags & OSR_SOCK_F_WFLUSH) {
+    /* Flushed ahead of a write completion (wdone_run): still next turn. */
+    s->_flags |= OSR_SOCK_F_KICK_QUEUED;
+    osr_call_defer(osr_timer_ctx(&s->_timer), kick_run, s, NULL, NULL);
+    return;
+  }
+  s->_flags &= ~OSR_SOCK_F_KICK;
+  on_kick(s);
+}
 
+static void kick_schedule(osr_sock_t *s)
+{
+  if (s->_flags & OSR_SOCK_F_KICK)
+    return;
+  s->_flags |= OSR_SOCK_F_KICK;
+  if (s->_flags & OSR_SOCK_F_KICK_QUEUED)
+    return; /* a cancelled call is still queued: it serves */
+  s->_flags |= OSR_SOCK_F_KICK_QUEUED;
+  osr_call_defer(osr_timer_ctx(&s->_timer), kick_run, s, NULL, NULL);
+}
+
+static void on_kick(osr_sock_t *s)
+{
   if ((s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_READING)) != OSR_SOCK_F_READING)
     return;
   if (s->_tls != NULL) {
@@ -423,7 +453,7 @@ void osr_sock_kick(osr_sock_t *s)
   if (s->_flags & OSR_SOCK_F_CLOSING)
     return;
   s->_flags |= OSR_SOCK_F_KICK_FORCED;
-  osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
+  kick_schedule(s);
 }
 
 int osr_sock_read_start(osr_sock_t *s)
@@ -434,7 +464,7 @@ int osr_sock_read_start(osr_sock_t *s)
   /* Buffered bytes (or bytes TLS holds) are delivered on the next
    * iteration, never re-entrantly from inside the caller. */
   if (s->input.len != 0 || (s->_tls != NULL && osr__tls_raw(s->_tls)->len != 0))
-    osr_pending_schedule(osr_timer_ctx(&s->_timer), &s->_kick, on_kick);
+    kick_schedule(s);
   /* After EOF (already delivered) there is nothing more to read. */
   sock_update_reading(s);
   return 0;
@@ -472,9 +502,9 @@ static void wdone_one(void *obj, osr_fn_t fn, void *arg)
    * deliver what is buffered (a pipelined request) now, in this turn, as
    * the socket's own kick would, instead of one poll later. Not when
    * flushed ahead of another event (wdone_run). */
-  if (s->_wdone_n == 0 && !(s->_flags & OSR_SOCK_F_WFLUSH) && osr_pending_is_scheduled(&s->_kick)) {
-    osr_pending_cancel(osr_timer_ctx(&s->_timer), &s->_kick);
-    on_kick(&s->_kick);
+  if (s->_wdone_n == 0 && (s->_flags & (OSR_SOCK_F_WFLUSH | OSR_SOCK_F_KICK)) == OSR_SOCK_F_KICK) {
+    s->_flags &= ~OSR_SOCK_F_KICK; /* its queued call finds nothing to do */
+    on_kick(s);
   }
 }
 
@@ -483,7 +513,7 @@ static void wdone_one(void *obj, osr_fn_t fn, void *arg)
  * close) is reported. Called from top-level libuv callbacks only. */
 static void wdone_run(osr_sock_t *s)
 {
-  if (s->_wdone_n == 0)
+  if (s->_wdone_n == 0 && !(s->_flags & OSR_SOCK_F_KICK_QUEUED))
     return;
   s->_flags |= OSR_SOCK_F_WFLUSH;
   osr_call_flush(osr_timer_ctx(&s->_timer), s);
@@ -662,9 +692,9 @@ static void on_handle_closed(uv_handle_t *h)
   }
   s->_tls = NULL;
   buf_trim(&s->input, 1);
-  /* Disarmed in do_close already; nothing re-arms a closing socket. */
+  /* Disarmed in do_close already; nothing re-arms a closing socket (and
+   * wdone_run above ran the queued kick call, which found nothing to do). */
   osr_timer_stop(&s->_timer);
-  osr_pending_cancel(osr_timer_ctx(&s->_timer), &s->_kick);
   osr_loopctx_release(osr_timer_ctx(&s->_timer));
   osr_free(s);
 }
@@ -673,7 +703,7 @@ static void do_close(osr_sock_t *s)
 {
   s->_flags &= ~OSR_SOCK_F_CLOSE_PENDING;
   osr_timer_stop(&s->_timer);
-  osr_pending_cancel(osr_timer_ctx(&s->_timer), &s->_kick);
+  s->_flags &= ~OSR_SOCK_F_KICK;
   uv_close(&s->_h.handle, on_handle_closed);
 }
 

@@ -79,6 +79,8 @@ enum {
   OSR_SOCK_F_CLOSE_PENDING = 1u << 8, /* close requested during a callback */
   OSR_SOCK_F_KICK_FORCED = 1u << 9,   /* osr_sock_kick(): deliver even with no input */
   OSR_SOCK_F_WFLUSH = 1u << 10,       /* completed writes reported ahead of another event */
+  OSR_SOCK_F_KICK = 1u << 11,         /* buffered input (or a held end) to deliver next turn */
+  OSR_SOCK_F_KICK_QUEUED = 1u << 12,  /* a kick call is on the loop's deferred-call queue */
 };
 
 /* One queued write (private to sock.c). */
@@ -91,7 +93,7 @@ typedef struct osr__sock_wreq_s {
 } osr__sock_wreq_t;
 
 /* Laid out for the idle keep-alive connection, which is mostly this struct:
- * 440 bytes for TCP (a 448-byte malloc chunk), of which 248 are libuv's
+ * 408 bytes for TCP (a 416-byte malloc chunk), of which 248 are libuv's
  * uv_tcp_t. The handle comes last, so a TCP socket is allocated without the
  * 16 bytes by which a uv_pipe_t is larger (osr__sock_new); only unix
  * sockets may use _h.pipe. */
@@ -99,17 +101,15 @@ struct osr_sock_s {
   /** The owner's pointer. */
   void *data;
   const osr_sock_events_t *ev;
-  uv_loop_t *loop;
   /** Received plaintext not yet consumed by the owner. */
   osr_buf_t input;
 
   /* private */
-  /* The idle (or TLS handshake) timeout and the deferred delivery of
-   * buffered input are nodes on the loop's shared timer heap and pending
-   * list (net/loopctx.h), not libuv handles of their own: the stream is the
-   * socket's only handle. */
+  /* The idle (or TLS handshake) timeout is a node on the loop's shared
+   * timer heap and the deferred delivery of buffered input ("kick",
+   * OSR_SOCK_F_KICK) a call on its deferred-call queue (net/loopctx.h), not
+   * libuv handles of their own: the stream is the socket's only handle. */
   osr_timer_t _timer;         /* holds the loop context reference */
-  osr_pending_t _kick;        /* deferred delivery of buffered input */
   size_t _write_queue;        /* bytes queued and not yet written */
   osr_tls_conn_t *_tls;       /* NULL for cleartext */
   osr_listener_t *_listener;  /* accepted by; NULL for client sockets */
@@ -128,12 +128,21 @@ struct osr_sock_s {
    * connection would carry for nothing). */
   uint16_t _wdone_n;
   union {
-    uv_handle_t handle;
-    uv_stream_t stream;
-    uv_tcp_t tcp;
-    uv_pipe_t pipe; /* unix sockets only: see above */
-  } _h;                       /* last: see above */
+    /** The socket's loop: the handle's own `loop` field (uv_handle_t
+     *  starts with data, loop), not a copy. Read-only. */
+    struct {
+      void *_hdata;
+      uv_loop_t *loop;
+    };
+    union {
+      uv_handle_t handle;
+      uv_stream_t stream;
+      uv_tcp_t tcp;
+      uv_pipe_t pipe; /* unix sockets only: see above */
+    } _h;             /* last: see above */
+  };
 };
+_Static_assert(offsetof(uv_handle_t, loop) == sizeof(void *), "uv_handle_t starts with data, loop");
 
 /* Bytes allocated for a TCP socket: all but the uv_pipe_t's extra tail. */
 #define OSR__SOCK_TCP_SIZE (offsetof(osr_sock_t, _h) + sizeof(uv_tcp_t))
