@@ -231,6 +231,8 @@ struct osr_http_req_ops_s {
 /* Entry points the server dispatcher (http_server.c) uses (private). */
 /** Run an HTTP/1.1 connection on an accepted socket. */
 void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s);
+/** Bytes allocated per HTTP/1.1 server connection (osr-testd --sizes). */
+size_t osr__http1_conn_size(void);
 /** Run an HTTP/2 server session on `s`. Bytes already in s->input (e.g. the
  *  sniffed client preface) are processed first. */
 void osr__http2_server_start(osr_http_server_t *srv, osr_sock_t *s);

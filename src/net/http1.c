@@ -1149,6 +1149,11 @@ const osr_http_req_ops_t osr__http1_req_ops = {
 
 /* ---- entry point ------------------------------------------------------------- */
 
+size_t osr__http1_conn_size(void)
+{
+  return sizeof(h1conn_t);
+}
+
 void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s)
 {
   h1conn_t *c = osr_xcalloc(1, sizeof(*c));

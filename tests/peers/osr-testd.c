@@ -26,6 +26,7 @@
  * drain gracefully ("drained") and exit 0.
  */
 #include <jansson.h>
+#include <malloc.h>
 #include <openssl/evp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@
 #include <unistd.h>
 
 #include "net/http.h"
+#include "net/sock.h"
 #include "net/tls.h"
 #include "net/ws.h"
 #include "util/log.h"
@@ -719,8 +721,22 @@ static void usage(void)
           "usage: osr-testd [--listen ADDR]... [--tls-cert F --tls-key F] [--max-body N]\n"
           "                 [--max-headers N] [--max-header-bytes N] [--max-url N]\n"
           "                 [--header-timeout-ms N] [--idle-timeout-ms N] [--max-conns N]\n"
-          "                 [--h2-window N] [--h2-max-streams N] [--log-level L] [--log-json]\n");
+          "                 [--h2-window N] [--h2-max-streams N] [--log-level L] [--log-json]\n"
+          "       osr-testd --sizes   (what an idle HTTP/1.1 connection allocates, then exit)\n");
   exit(2);
+}
+
+/* The structs an idle HTTP/1.1 keep-alive connection keeps, and the malloc
+ * chunk each takes (usable size + glibc's 8-byte header). */
+static void print_sizes(void)
+{
+  size_t sizes[3] = {OSR__SOCK_TCP_SIZE, sizeof(osr_sock_t), osr__http1_conn_size()};
+  const char *names[3] = {"socket (TCP)", "socket (unix)", "HTTP/1.1 connection"};
+  for (int i = 0; i < 3; i++) {
+    void *m = osr_xmalloc(sizes[i]);
+    printf("%-20s %4zu bytes, malloc chunk %4zu\n", names[i], sizes[i], malloc_usable_size(m) + 8);
+    osr_free(m);
+  }
 }
 
 static uint64_t num_arg(const char *s)
@@ -742,6 +758,10 @@ int main(int argc, char **argv)
   opts.handler.on_request = on_request;
   opts.server_name = "osr-testd";
 
+  if (argc == 2 && strcmp(argv[1], "--sizes") == 0) {
+    print_sizes();
+    return 0;
+  }
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (i + 1 >= argc && strcmp(a, "--log-json") != 0)
