@@ -16,7 +16,8 @@ Workloads:
 Equal CPU budget (--cpu-quota Q, e.g. 0.5): every round is run twice per
 server, unconstrained as above and then inside a CPU cgroup limited to Q of
 one CPU (cgroup v2 cpu.max, or cgroup v1 cpu.cfs_quota_us where the cpu
-controller is bound to v1), created and removed by the script. The server
+controller is bound to v1; with the highest CPU weight, so that other load
+does not eat into the budget), created and removed by the script. The server
 (nginx: master and its one worker) runs inside; the load generator stays
 outside on its own core, so under the quota the server, not wrk, is the
 bottleneck, and req/s compares CPU cost per request at equal CPU. Every
@@ -135,6 +136,8 @@ class CpuQuota:
             os.mkdir(self.path)
             with open(os.path.join(self.path, "cpu.max"), "w") as f:
                 f.write("%d %d" % (quota_us, self.PERIOD_US))
+            with open(os.path.join(self.path, "cpu.weight"), "w") as f:
+                f.write("10000")  # see the v1 branch
         else:
             root = self._v1_root()
             if root is None:
@@ -145,6 +148,10 @@ class CpuQuota:
                 f.write(str(self.PERIOD_US))
             with open(os.path.join(self.path, "cpu.cfs_quota_us"), "w") as f:
                 f.write(str(quota_us))
+            # The highest weight as well, so other load on the machine does
+            # not take the budget away: the quota, not contention, limits.
+            with open(os.path.join(self.path, "cpu.shares"), "w") as f:
+                f.write("262144")
         return self
 
     def describe(self):
