@@ -429,26 +429,27 @@ def main():
         lines.append("| %s | %.0f | %.0f | **%.2f×** | %s | %s | %.2f / %.2f |" % (
             w, med(o, "rps"), med(n, "rps"), med(o, "rps") / med(n, "rps"), lat(o), lat(n),
             med(o, "srv_us"), med(n, "srv_us")))
-    if a.base:
-        lines += ["", "A/B against `%s` (same rounds, interleaved osr, nginx, base):" % a.base, "",
-                  "| workload | osr req/s | base req/s | osr / base | server CPU µs/req osr / base |",
-                  "|---|---|---|---|---|"]
+    def pair_table(mode, other):
+        """Median req/s and server CPU of osr against `other`, one row per workload."""
+        out = ["| workload | osr req/s | %s req/s | osr / %s | server CPU µs/req osr / %s |" % (
+                   other, other, other), "|---|---|---|---|---|"]
         for w in chosen:
-            o, b = results["free"][w]["osr"], results["free"][w]["base"]
-            lines.append("| %s | %.0f | %.0f | **%.3f×** | %.2f / %.2f |" % (
+            o, b = results[mode][w]["osr"], results[mode][w][other]
+            out.append("| %s | %.0f | %.0f | **%.3f×** | %.2f / %.2f |" % (
                 w, med(o, "rps"), med(b, "rps"), med(o, "rps") / med(b, "rps"), med(o, "srv_us"),
                 med(b, "srv_us")))
+        return out
+
+    if a.base:
+        lines += ["", "A/B against `%s` (same rounds, interleaved osr, nginx, base):" % a.base, ""]
+        lines += pair_table("free", "base")
     if quota is not None:
         lines += ["", "**Equal CPU budget**: each server inside %s; the load generator outside, on cpu %d." % (
                       quota.describe(), a.client_cpu),
-                  "Throttled = CFS periods in which the group hit its quota / periods it ran.", "",
-                  "| workload | osr req/s | nginx req/s | ratio | server CPU µs/req osr / nginx |",
-                  "|---|---|---|---|---|"]
-        for w in chosen:
-            o, n = results["quota"][w]["osr"], results["quota"][w]["nginx"]
-            lines.append("| %s | %.0f | %.0f | **%.2f×** | %.2f / %.2f |" % (
-                w, med(o, "rps"), med(n, "rps"), med(o, "rps") / med(n, "rps"), med(o, "srv_us"),
-                med(n, "srv_us")))
+                  "Throttled = CFS periods in which the group hit its quota / periods it ran.", ""]
+        lines += pair_table("quota", "nginx")
+        if a.base:
+            lines += [""] + pair_table("quota", "base")
         lines += ["", "Every round under the quota, in the order run:", "",
                   "| round | workload | " + " | ".join("%s req/s (µs/req, throttled)" % k for k in servers) +
                   " | osr / nginx |", "|---|---|" + "---|" * len(servers) + "---|"]
