@@ -32,7 +32,12 @@ Rows, per path:
 
 Usage: bench/dataplane_bench.py [--build DIR] [--rounds N] [--duration S]
             [--conns N] [--rate R] [--idle N] [--paths a,b] [--no-big] [--only-big]
+            [--only-exec] [--exec-rounds N] [--exec-bytes B] [--exec-codecs json,proto]
   --only-big   the 1 GiB download row alone, with the proxies' CPU s/GiB
+  --only-exec  the 1 GiB exec stdout row alone: the agent's Connect stream
+               read directly, through nginx, haproxy and osr-dataplane (envd
+               route and exec console), and the bare pipe as a ceiling; the
+               agent's and the proxy's CPU s/GiB (bench/exec_read reads all)
 Needs: wrk, curl, nginx, haproxy, taskset; the build's osr-dataplane,
 osr-agent, dp-mint and bench/openloop.
 """
@@ -179,91 +184,141 @@ def ws_echo_p50(port, path, headers, n):
     return lat[len(lat) // 2] * 1e6
 
 
-# ---- exec stdout (Kubernetes v5.channel.k8s.io console of osr-dataplane) ----------
+# ---- 1 GiB exec stdout: one agent stream, six ways to read it -------------------
 
-class Reader:
-    """Buffered socket reader that consumes by offset (no per-frame memmove)."""
-
-    def __init__(self, s):
-        self.s, self.buf, self.off = s, bytearray(), 0
-
-    def need(self, n):
-        while len(self.buf) - self.off < n:
-            if self.off > (1 << 20):
-                del self.buf[:self.off]
-                self.off = 0
-            d = self.s.recv(1 << 20)
-            if not d:
-                raise RuntimeError("exec: connection closed")
-            self.buf += d
-
-    def take(self, n):
-        self.need(n)
-        v = self.buf[self.off:self.off + n] if n <= 16 else None
-        self.off += n
-        return v
-
-
-def exec_stdout(port, sid, tok, nbytes):
-    """MB/s of `head -c nbytes /dev/zero` read as channel-1 messages."""
-    s = socket.create_connection(("127.0.0.1", port))
-    q = "command=head&command=-c&command=%d&command=/dev/zero&stdout=true&stderr=false" % nbytes
-    key = base64.b64encode(os.urandom(16)).decode()
-    s.sendall(("GET /v1/sandboxes/%s/exec?%s HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
-               "Connection: Upgrade\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n"
-               "Sec-WebSocket-Protocol: v5.channel.k8s.io\r\nX-Access-Token: %s\r\n\r\n"
-               % (sid, q, key, tok)).encode())
-    t0 = time.perf_counter()
-    rd = Reader(s)
-    while b"\r\n\r\n" not in rd.buf:
-        rd.need(len(rd.buf) + 1)
-    h = rd.buf.index(b"\r\n\r\n") + 4
-    if not rd.buf.startswith(b"HTTP/1.1 101"):
-        raise RuntimeError("exec: " + bytes(rd.buf[:60]).decode(errors="replace"))
-    rd.off = h
-    got, status, chan = 0, None, None
-    while status is None:
-        b0, b1 = rd.take(2)
-        n = b1 & 0x7F
-        if n == 126:
-            n = struct.unpack("!H", rd.take(2))[0]
-        elif n == 127:
-            n = struct.unpack("!Q", rd.take(8))[0]
-        op = b0 & 0x0F
-        if op == 8:
-            raise RuntimeError("exec: closed before the status")
-        if op in (1, 2) and n > 0:  # a new message: the first byte is the channel
-            chan = rd.take(1)[0]
-            n -= 1
-        if chan == 3:
-            rd.need(n)
-            status = bytes(rd.buf[rd.off:rd.off + n])
-            rd.off += n
-        else:
-            rd.need(n)
-            rd.off += n
-            if chan == 1:
-                got += n
-    dt = time.perf_counter() - t0
-    s.close()
-    if got != nbytes or b"Success" not in status:
-        raise RuntimeError("exec: %d of %d bytes, status %r" % (got, nbytes, status))
-    return nbytes / dt / 1e6
+# The backend of an exec stream is osr-agent: "direct" reads the process's
+# stdout from the agent's own socket (Connect process.Process/Start server
+# stream), nginx and haproxy proxy that same stream (HTTP/1.1, unbuffered),
+# osr-dataplane carries it on its envd route (/sbx/ID/49983/...) and as its
+# Kubernetes exec console (WebSocket v5.channel.k8s.io, binary upstream).
+# Every path is read by bench/exec_read (C, one 4 MiB read buffer, payload
+# skipped in place), so the reader costs the same everywhere.
+EXEC_NGINX = """user root; worker_processes 1; daemon off; master_process off; pid {d}/en.pid;
+error_log {d}/en.err warn; events {{ worker_connections 1024; }}
+http {{ access_log off; keepalive_timeout 600s;
+  client_body_temp_path {d}/en1; proxy_temp_path {d}/en2; fastcgi_temp_path {d}/en3;
+  uwsgi_temp_path {d}/en4; scgi_temp_path {d}/en5;
+  upstream a {{ server unix:{sock}; keepalive 8; }}
+  server {{ listen 127.0.0.1:{port};
+    location / {{ proxy_pass http://a; proxy_http_version 1.1; proxy_set_header Connection "";
+                 proxy_buffering off; proxy_request_buffering off; proxy_read_timeout 600s; }} }} }}
+"""
+EXEC_HAPROXY = """global
+  nbthread 1
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 600s
+  timeout server 600s
+frontend e
+  bind 127.0.0.1:{port}
+  default_backend a
+backend a
+  server a1 unix@{sock}
+"""
+EXEC_PIPE = "pipe (ceiling: no agent)"
 
 
-def pipe_stdout(nbytes):
-    """MB/s of the same command read straight from its stdout pipe."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(["head", "-c", str(nbytes), "/dev/zero"], stdout=subprocess.PIPE)
-    got = 0
-    while True:
-        d = p.stdout.read1(1 << 20)
-        if not d:
-            break
-        got += len(d)
-    p.wait()
-    assert got == nbytes
-    return nbytes / (time.perf_counter() - t0) / 1e6
+def exec_read(exe, cpu, args):
+    """MB/s of one bench/exec_read run pinned to cpu (it checks the byte count
+    and the success status itself)."""
+    out = subprocess.run(["taskset", "-c", str(cpu), exe] + [str(x) for x in args],
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError("exec_read %s: %s %s" % (args[0], out.stdout.strip(), out.stderr.strip()))
+    return float(out.stdout.split()[5])
+
+
+def pipe_stdout(exe, server_cpu, client_cpu, nbytes):
+    """MB/s of `head -c nbytes /dev/zero` (on server_cpu, where the agent's
+    children run) read straight from its stdout pipe: the ceiling."""
+    head = subprocess.Popen(["taskset", "-c", str(server_cpu), "head", "-c", str(nbytes),
+                             "/dev/zero"], stdout=subprocess.PIPE)
+    try:
+        out = subprocess.run(["taskset", "-c", str(client_cpu), exe, "pipe", str(nbytes)],
+                             stdin=head.stdout, capture_output=True, text=True, timeout=900)
+    finally:
+        head.stdout.close()
+        head.wait()
+    if out.returncode != 0:
+        raise RuntimeError("exec_read pipe: " + out.stderr.strip())
+    return float(out.stdout.split()[5])
+
+
+def exec_cmd_query(nbytes):
+    return ("command=head&command=-c&command=%d&command=/dev/zero&stdout=true&stderr=false"
+            % nbytes)
+
+
+def exec_tok(mint, d, osr):
+    """An exec-scope token for the dataplane path's agent."""
+    return subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1",
+                           "unix:" + osr["dataplane"][1], "exec", "none", "86400"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def exec_row(a, d, sock, dport, tok, agent_pid, dp_pid, procs):
+    """The 1 GiB exec stdout row: every path once per round in rotating
+    order; MB/s, and the CPU the agent and the proxy spent per GiB."""
+    exe = os.path.join(a.build, "bench", "exec_read")
+    nb = a.exec_bytes
+    enport, ehport = services.free_port(), services.free_port()
+    path = os.path.join(d, "exec-nginx.conf")
+    with open(path, "w") as f:
+        f.write(EXEC_NGINX.format(d=d, port=enport, sock=sock))
+    procs.append(pinned(a.server_cpu, ["nginx", "-c", path, "-p", d]))
+    en_pid = procs[-1].pid
+    path = os.path.join(d, "exec-haproxy.cfg")
+    with open(path, "w") as f:
+        f.write(EXEC_HAPROXY.format(port=ehport, sock=sock))
+    procs.append(pinned(a.server_cpu, ["haproxy", "-f", path]))
+    eh_pid = procs[-1].pid
+    services._wait_port(enport)
+    services._wait_port(ehport)
+    hdr = "X-Access-Token: " + tok
+    # name -> (exec_read arguments, proxy pid or None)
+    paths = {EXEC_PIPE: (None, None)}
+    for codec in a.exec_codecs.split(","):
+        paths["direct " + codec] = (["connect", "unix:" + sock, "", codec, nb], None)
+        paths["nginx " + codec] = (["connect", "127.0.0.1:%d" % enport, "", codec, nb], en_pid)
+        paths["haproxy " + codec] = (["connect", "127.0.0.1:%d" % ehport, "", codec, nb], eh_pid)
+        paths["dataplane " + codec] = (["connect", "127.0.0.1:%d" % dport,
+                                        "/sbx/s1/%d" % 49983, codec, nb, hdr], dp_pid)
+    paths["dataplane console"] = (["ws", "127.0.0.1:%d" % dport, "/v1/sandboxes/s1/exec?"
+                                   + exec_cmd_query(nb), nb, hdr], dp_pid)
+    names = list(paths)
+    res = {k: ([], [], []) for k in names}
+    print("exec row: load average %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+    for r in range(a.exec_rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            args, ppid = paths[name]
+            c0 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0)
+            mbs = (pipe_stdout(exe, a.server_cpu, a.client_cpu, nb) if args is None
+                   else exec_read(exe, a.client_cpu, args))
+            c1 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0)
+            gib = nb / (1 << 30)
+            res[name][0].append(mbs)
+            res[name][1].append((c1[0] - c0[0]) / gib)
+            res[name][2].append((c1[1] - c0[1]) / gib)
+            print("exec round %d %-24s %6.0f MB/s, CPU s/GiB agent %.2f proxy %.2f"
+                  % (r + 1, name, mbs, res[name][1][-1], res[name][2][-1]), flush=True)
+    print("exec row: load average %.2f %.2f %.2f\n" % os.getloadavg())
+    med = {k: statistics.median(v[0]) for k, v in res.items()}
+    print("| 1 GiB exec stdout | MB/s | × direct (same codec) | × better proxy (same codec) "
+          "| × pipe | agent CPU s/GiB | proxy CPU s/GiB |")
+    print("|---|---|---|---|---|---|---|")
+    for k, (mbs, acpu, pcpu) in res.items():
+        codec = k.split()[-1] if k.split()[-1] in ("json", "proto") else "proto"
+        dr = med.get("direct " + codec)
+        prox = [med[p + " " + codec] for p in ("nginx", "haproxy") if p + " " + codec in med]
+        is_pipe = k == EXEC_PIPE
+        print("| %s | %.0f | %s | %s | %.2f | %s | %s |" % (
+            k, med[k], "-" if is_pipe or not dr else "%.2f" % (med[k] / dr),
+            "%.2f" % (med[k] / max(prox)) if k.startswith("dataplane") and prox else "-",
+            med[k] / med[EXEC_PIPE], "-" if is_pipe else "%.2f" % statistics.median(acpu),
+            "%.2f" % statistics.median(pcpu) if paths[k][1] else "-"))
+    print("\n(the console row's upstream is the proto stream: its x direct is against direct proto)")
+    print()
 
 
 # ---- helpers --------------------------------------------------------------------
@@ -407,6 +462,11 @@ def main():
                     help="the 1 GiB download row alone (with the proxies' CPU per GiB)")
     ap.add_argument("--exec-rounds", type=int, default=3,
                     help="1 GiB exec stdout rounds (0: skip)")
+    ap.add_argument("--exec-bytes", type=int, default=1 << 30, help="bytes of each exec stdout")
+    ap.add_argument("--exec-codecs", default="json,proto",
+                    help="Connect codecs of the exec row's agent-stream paths")
+    ap.add_argument("--only-exec", action="store_true",
+                    help="the 1 GiB exec stdout row alone (needs the dataplane path)")
     ap.add_argument("--ws-backend", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.ws_backend:
@@ -497,7 +557,7 @@ def main():
         # rounds would be reused and hide what idle connections cost.
         names = list(paths)
         idle = {}
-        for name in ([] if a.only_big else names):
+        for name in ([] if a.only_big or a.only_exec else names):
             port, _, hdr, pids = paths[name]
             if not pids:
                 continue
@@ -524,6 +584,9 @@ def main():
                     name, (w1[0] - w0[0]) / a.idle, (w1[1] - w0[1]) / a.idle), flush=True)
         if a.only_big:
             return big_only(a, names, paths, prefix, bport)
+        if a.only_exec:
+            return exec_row(a, d, osr["dataplane"][1], osr["dataplane"][0], exec_tok(mint, d, osr),
+                            osr["dataplane"][2][1], osr["dataplane"][2][0], procs)
         keys = ("rps", "cpu", "p50", "p99", "p999", "big", "ws")
         res = {k: {m: [] for m in keys} for k in paths}
         for r in range(a.rounds):
@@ -546,29 +609,9 @@ def main():
                       "(%d errors) | ws p50 %4.0f us | 1 GiB %5.0f MB/s" % (
                           r + 1, name, rps, cpu, a.rate, p50, p99, p999, err, ws, big), flush=True)
         med = {k: {m: statistics.median(v) for m, v in x.items()} for k, x in res.items()}
-        # 1 GiB exec stdout: the process's pipe read directly vs the exec
-        # console through osr-dataplane -> osr-agent (the reader is the same
-        # Python loop in both; the pipe path is the "direct" reference).
-        ex = {}
-        osr_paths = [n for n in names if paths[n][3] and n in osr]
-        for r in range(a.exec_rounds):
-            ex.setdefault("pipe", []).append(pipe_stdout(1 << 30))
-            for name in osr_paths:
-                port, sock, _ = osr[name]
-                tok = subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1",
-                                      "unix:" + sock, "exec", "none", "86400"], capture_output=True,
-                                     text=True, check=True).stdout.strip()
-                ex.setdefault(name, []).append(exec_stdout(port, "s1", tok, 1 << 30))
-            print("exec round %d: %s" % (r + 1, ", ".join("%s %.0f MB/s" % (k, v[-1])
-                                                           for k, v in ex.items())), flush=True)
-        print()
-        if ex:
-            print("| 1 GiB exec stdout | MB/s | × pipe |")
-            print("|---|---|---|")
-            pm = statistics.median(ex["pipe"])
-            for k, v in ex.items():
-                print("| %s | %.0f | %.2f |" % (k, statistics.median(v), statistics.median(v) / pm))
-            print()
+        if a.exec_rounds > 0 and "dataplane" in osr:
+            exec_row(a, d, osr["dataplane"][1], osr["dataplane"][0], exec_tok(mint, d, osr),
+                     osr["dataplane"][2][1], osr["dataplane"][2][0], procs)
         dr = med.get("direct")
         print("| path | req/s | proxy CPU µs/req | added p50 / p99 / p99.9 µs at %d/s | 1 GiB MB/s "
               "| × direct | WS echo added p50 µs | idle KiB/conn HTTP / WS |" % a.rate)

@@ -16,11 +16,12 @@ the running one): the bimodality experiment of bench/README.md.
 `strace -c -f` (the agent runs plain) for one exec stdout of BYTES (default
 64 MiB), then prints its instructions (and per byte) or system calls.
 
-Each build needs src/osr-agent and src/osr-dataplane; dp-mint is taken from
-BUILD_AFTER (or BUILD_BEFORE) tests/integration/dataplane/. The reader is
-exec_stdout() / pipe_stdout() of bench/dataplane_bench.py (a Python loop, the
-same for every path). For instruction counts run the two daemons under
-`valgrind --tool=callgrind` (bench/README.md "Exec streams")."""
+Each build needs src/osr-agent and src/osr-dataplane; dp-mint and the
+reader, bench/exec_read (C, the same for every path, pinned to CPU 0; the
+pipe row's `head` to CPU 1), are taken from BUILD_AFTER (or BUILD_BEFORE).
+The exec sessions are the WebSocket console (v5.channel.k8s.io). For
+instruction counts run the two daemons under `valgrind --tool=callgrind`
+(bench/README.md "Exec streams")."""
 import os
 import resource
 import socket
@@ -34,12 +35,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dataplane_bench as db  # noqa: E402
 
 
-def find_mint(builds):
+def find_tool(builds, rel):
     for b in reversed(builds):
-        m = os.path.join(b, "tests", "integration", "dataplane", "dp-mint")
+        m = os.path.join(b, rel)
         if os.path.exists(m):
             return m
-    sys.exit("dp-mint not found in either build")
+    sys.exit("%s not found in %s" % (rel, " or ".join(builds)))
+
+
+def find_mint(builds):
+    return find_tool(builds, os.path.join("tests", "integration", "dataplane", "dp-mint"))
+
+
+def console(reader, port, tok, nbytes, cpu=0):
+    """MB/s of one exec stdout through the console, read by bench/exec_read."""
+    return db.exec_read(reader, cpu, ["ws", "127.0.0.1:%d" % port, "/v1/sandboxes/s1/exec?"
+                                      + db.exec_cmd_query(nbytes), nbytes,
+                                      "X-Access-Token: " + tok])
 
 
 def start(build, mint, wrap=()):
@@ -75,6 +87,7 @@ def start(build, mint, wrap=()):
 
 def profile(tool, build, nbytes):
     mint = find_mint([build])
+    reader = find_tool([build], os.path.join("bench", "exec_read"))
     d = tempfile.mkdtemp(prefix="osr-exec-prof-")
     out = os.path.join(d, tool + ".out")
     wrap = (["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out]
@@ -83,7 +96,7 @@ def profile(tool, build, nbytes):
     if tool == "callgrind":
         time.sleep(3)  # valgrind starts slowly; start() waited for the port already
     try:
-        mbs = db.exec_stdout(port, "s1", tok, nbytes)
+        mbs = console(reader, port, tok, nbytes)
     finally:
         dp = db.traced_child(pd.pid) if tool == "strace" else pd.pid
         os.kill(dp, 15)
@@ -115,6 +128,7 @@ PLACEMENTS = {  # name: (agent CPU, data plane CPU, reader CPU, SCHED_BATCH)
 
 def pin(build, rounds, nbytes):
     mint = find_mint([build])
+    reader = find_tool([build], os.path.join("bench", "exec_read"))
     port, tok, (pa, pd) = start(build, mint)
     res = {k: [] for k in PLACEMENTS}
     q = dict(stdout=subprocess.DEVNULL, check=True)
@@ -125,8 +139,7 @@ def pin(build, rounds, nbytes):
                 for pid, cpu in ((pa.pid, ca), (pd.pid, cd)):
                     subprocess.run(["taskset", "-pc", cpu, str(pid)], **q)
                     subprocess.run(["chrt", "-b" if batch else "-o", "-p", "0", str(pid)], **q)
-                os.sched_setaffinity(0, cr)
-                res[k].append(db.exec_stdout(port, "s1", tok, nbytes))
+                res[k].append(console(reader, port, tok, nbytes, ",".join(map(str, sorted(cr)))))
             print("round %d: %s" % (r + 1, ", ".join("%s %.0f" % (k, v[-1]) for k, v in res.items())),
                   flush=True)
         print("load average:", open("/proc/loadavg").read().strip())
@@ -134,7 +147,6 @@ def pin(build, rounds, nbytes):
         for k, v in res.items():
             print("| %s | %.0f | %s |" % (k, statistics.median(v), ", ".join("%.0f" % x for x in v)))
     finally:
-        os.sched_setaffinity(0, {0, 1})
         pa.terminate()
         pd.terminate()
         pa.wait()
@@ -142,7 +154,7 @@ def pin(build, rounds, nbytes):
 
 
 def reader_cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
 
@@ -158,16 +170,17 @@ def main():
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     nbytes = int(sys.argv[4]) if len(sys.argv) > 4 else 1 << 30
     mint = find_mint(builds)
+    reader = find_tool(builds, os.path.join("bench", "exec_read"))
     paths = {"before": start(builds[0], mint), "after": start(builds[1], mint)}
     res = {}
     try:
         print("load average:", open("/proc/loadavg").read().strip())
         cpu = {}
         for r in range(rounds):
-            res.setdefault("pipe", []).append(db.pipe_stdout(nbytes))
+            res.setdefault("pipe", []).append(db.pipe_stdout(reader, 1, 0, nbytes))
             for k, (port, tok, ps) in paths.items():
                 c0 = [db.cpu_s([p.pid]) for p in ps] + [reader_cpu()]
-                res.setdefault(k, []).append(db.exec_stdout(port, "s1", tok, nbytes))
+                res.setdefault(k, []).append(console(reader, port, tok, nbytes))
                 c1 = [db.cpu_s([p.pid]) for p in ps] + [reader_cpu()]
                 cpu.setdefault(k, []).append([b - a for a, b in zip(c0, c1)])
             print("round %d: %s" % (r + 1, ", ".join("%s %.0f MB/s" % (k, v[-1])
