@@ -6,7 +6,7 @@
  * A direction that turns out to carry bulk data (OSR_SPLICE_AFTER bytes
  * relayed) and joins two cleartext sockets switches to splice(2) through a
  * pipe: the bytes then never enter user space at all, each wake-up moves up
- * to a pipe's worth (OSR_SPLICE_PIPE) with two system calls, and the
+ * to a pipe's worth (pipe_sizes) with two system calls, and the
  * read-stop/read-start round per chunk of the copy path disappears. Small
  * exchanges (a request/response tunnel, an idle WebSocket) never switch, so
  * they pay no pipe, no extra descriptors and no extra kernel memory; the
@@ -48,8 +48,11 @@
 /* Bytes relayed on the copy path before a direction may switch to
  * splice(2): below this an exchange is not bulk and a pipe does not pay. */
 #define OSR_SPLICE_AFTER (256 * 1024)
-/* Pipe size asked for (F_SETPIPE_SZ; the default 64 KiB when refused). */
-#define OSR_SPLICE_PIPE (256 * 1024)
+/* Pipe sizes asked for (F_SETPIPE_SZ), largest first: a bigger pipe moves
+ * more per splice(2) pair and wake-up. 1 MiB is fs/pipe-max-size's default;
+ * an unprivileged process over its pipe-user-pages-soft gets EPERM and falls
+ * back to the next size, down to the kernel's default 64 KiB. */
+static const int pipe_sizes[] = {1024 * 1024, 256 * 1024};
 /* Fairness (STYLE 17): bytes one direction moves per wake-up. */
 #define OSR_SPLICE_BURST (1024 * 1024)
 
@@ -59,6 +62,7 @@ typedef struct spipe_s {
   size_t piped;  /* bytes in the pipe */
   int eof;       /* the source read EOF */
   uint64_t left; /* bytes still to take from the source (UINT64_MAX: no bound) */
+  size_t cap;    /* the pipe's size */
 } spipe_t;
 
 typedef struct side_s {
@@ -282,7 +286,7 @@ static int pipe_pump(spipe_t *pp, int srcfd, int dstfd)
       return PUMP_DONE;
     if (pp->eof)
       return PUMP_EOF;
-    size_t want = pp->left < OSR_SPLICE_PIPE ? (size_t)pp->left : OSR_SPLICE_PIPE;
+    size_t want = pp->left < pp->cap ? (size_t)pp->left : pp->cap;
     ssize_t n = splice(srcfd, NULL, pp->pfd[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
     if (n > 0) {
       pp->piped = (size_t)n;
@@ -318,7 +322,14 @@ static int pipe_open(spipe_t *pp, uint64_t left)
     pp->pfd[0] = pp->pfd[1] = -1;
     return -errno;
   }
-  (void)fcntl(pp->pfd[1], F_SETPIPE_SZ, OSR_SPLICE_PIPE); /* best effort */
+  pp->cap = 64 * 1024; /* the kernel's default */
+  for (size_t i = 0; i < sizeof(pipe_sizes) / sizeof(pipe_sizes[0]); i++) {
+    int got = fcntl(pp->pfd[1], F_SETPIPE_SZ, pipe_sizes[i]);
+    if (got > 0) {
+      pp->cap = (size_t)got;
+      break;
+    }
+  }
   return 0;
 }
 
