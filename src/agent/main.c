@@ -7,6 +7,7 @@
 #include <grp.h>
 #include <nss.h>
 #include <pwd.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -429,10 +430,35 @@ static void usage(FILE *f)
   fprintf(f, "usage: osr-agent [--listen ADDR]... [--token-file F] [--ring-bytes N]\n"
              "                 [--max-processes N] [--workdir DIR] [--env K=V]...\n"
              "                 [--default-user NAME] [--prewarm SHELL-COMMAND]\n"
+             "                 [--sched batch|normal]\n"
              "                 [--log-level trace|debug|info|warn|error|off] [--log-json]\n"
              "       osr-agent --version\n"
              "ADDR: unix:/run/osr/agent.sock, 0.0.0.0:49983, [::1]:0 ...\n"
              "The access token comes from --token-file or $OSR_AGENT_TOKEN.\n");
+}
+
+/* ---- --sched ------------------------------------------------------------------------- */
+
+/* The agent relays its processes' output: each write of a process wakes
+ * it, and when the process, the agent and the reader of the stream share a
+ * CPU, a woken agent preempts the writer (wakeup preemption) after every
+ * few KiB, then wakes its own reader, which preempts it in turn: a 1 GiB
+ * exec stdout took ~150,000 context switches each in the agent and in
+ * osr-dataplane. As SCHED_BATCH the agent does not preempt on wakeup; it
+ * runs when the writer blocks or its slice ends and then moves a socket
+ * buffer's worth at once (~14,000 switches, under half the CPU per byte;
+ * bench/README.md "1 GiB rows, second pass"). The cost is the agent's own
+ * wake-up latency on a contended CPU (it waits for the running task's
+ * slice), which only its API calls see. The processes it starts get
+ * SCHED_OTHER back (spawn.c's child). Best effort: a sandbox kernel that
+ * refuses it (gVisor may) leaves the default policy. */
+static void apply_sched(int batch)
+{
+  if (!batch)
+    return;
+  struct sched_param sp = {.sched_priority = 0};
+  if (sched_setscheduler(0, SCHED_BATCH, &sp) != 0)
+    OSR_LOG_DEBUG("agent", "SCHED_BATCH refused: %s", strerror(errno));
 }
 
 /* ---- --prewarm ---------------------------------------------------------------------- */
@@ -532,6 +558,7 @@ int main(int argc, char **argv)
   const char *token_file = NULL;
   const char *default_user = NULL;
   const char *prewarm_cmd = NULL;
+  int sched_batch = 1;
   uint64_t v;
 
   memset(a, 0, sizeof(*a));
@@ -599,6 +626,13 @@ int main(int argc, char **argv)
         return 2;
       }
       osr__agent_setenv(a, kv);
+    } else if (strcmp(o, "--sched") == 0) {
+      const char *pol = argv[++i];
+      if (strcmp(pol, "batch") != 0 && strcmp(pol, "normal") != 0) {
+        fprintf(stderr, "osr-agent: --sched is batch or normal\n");
+        return 2;
+      }
+      sched_batch = strcmp(pol, "batch") == 0;
     } else if (strcmp(o, "--log-level") == 0) {
       osr_log_level_t l;
       if (osr_log_parse_level(argv[++i], &l) != 0) {
@@ -613,6 +647,7 @@ int main(int argc, char **argv)
   }
   if (nlisten == 0)
     listen[nlisten++] = "127.0.0.1:49983";
+  apply_sched(sched_batch);
 
   if (token_file != NULL) {
     a->token = read_token_file(token_file);

@@ -142,6 +142,13 @@ static NO_SAN int child_main(void *arg)
   for (int s = 1; s <= 64; s++)
     if (s != SIGKILL && s != SIGSTOP)
       syscall(SYS_rt_sigaction, s, &dfl, NULL, sizeof(uint64_t));
+  /* The agent runs SCHED_BATCH (main.c --sched) for its own sake; what it
+   * starts gets the default policy (SCHED_RESET_ON_FORK resets only
+   * real-time policies, so it is done here). */
+  if (syscall(SYS_sched_getscheduler, 0) == SCHED_BATCH) {
+    struct sched_param sp = {.sched_priority = 0};
+    syscall(SYS_sched_setscheduler, 0, SCHED_OTHER, &sp);
+  }
 
   if (o->new_session && syscall(SYS_setsid) < 0)
     goto fail;

@@ -691,6 +691,23 @@ class Spawn(unittest.TestCase):
         self.assertEqual(st.end["error"]["code"], "internal", st.end)
         return st.end["error"]["message"]
 
+    def test_sched_batch(self):
+        # The agent runs SCHED_BATCH (main.c apply_sched) and the processes
+        # it starts do not inherit it (spawn.c); --sched normal
+        # keeps the default policy.
+        def policy(stat):  # field 41 of /proc/PID/stat
+            return int(stat.rsplit(")", 1)[1].split()[38])
+
+        with open("/proc/%d/stat" % self.agent.proc.p.pid) as f:
+            self.assertEqual(policy(f.read()), os.SCHED_BATCH)
+        _, out, _, end, _, _ = collect_process(self.agent.stream(
+            START, {"process": {"cmd": "cat", "args": ["/proc/self/stat"]}}))
+        self.assertEqual(end.get("exitCode", 0), 0)
+        self.assertEqual(policy(out.decode()), os.SCHED_OTHER)
+        with Agent(extra=["--sched", "normal"]) as plain:
+            with open("/proc/%d/stat" % plain.proc.p.pid) as f:
+                self.assertEqual(policy(f.read()), os.SCHED_OTHER)
+
     def test_path_search(self):
         # No '/': searched in the child's PATH (the request's envs may set it).
         _, out, _, end, _, _ = collect_process(self.agent.stream(
