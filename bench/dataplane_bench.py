@@ -29,6 +29,10 @@ Rows, per path:
   WS echo      p50 round trip of a 16-byte WebSocket message, minus direct
   RSS          VmRSS growth of the proxy processes / N for N idle HTTP
                keep-alive connections and N idle WebSockets (--idle N)
+  exec stdout  1 GiB of `head -c` stdout from osr-agent (the dataplane
+               path's agent): direct on its socket, through nginx, haproxy
+               and osr-dataplane (envd route, JSON and proto; the exec
+               console), the bare pipe as a ceiling (exec_row below)
 
 Usage: bench/dataplane_bench.py [--build DIR] [--rounds N] [--duration S]
             [--conns N] [--rate R] [--idle N] [--paths a,b] [--no-big] [--only-big]
@@ -250,6 +254,13 @@ def exec_cmd_query(nbytes):
             % nbytes)
 
 
+def ctx_switches(pid):
+    """Voluntary + involuntary context switches of pid so far."""
+    with open("/proc/%d/status" % pid) as f:
+        t = f.read()
+    return sum(int(x) for x in re.findall(r"(?m)^(?:non)?voluntary_ctxt_switches:\s+(\d+)", t))
+
+
 def exec_tok(mint, d, osr):
     """An exec-scope token for the dataplane path's agent."""
     return subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1",
@@ -287,36 +298,43 @@ def exec_row(a, d, sock, dport, tok, agent_pid, dp_pid, procs):
     paths["dataplane console"] = (["ws", "127.0.0.1:%d" % dport, "/v1/sandboxes/s1/exec?"
                                    + exec_cmd_query(nb), nb, hdr], dp_pid)
     names = list(paths)
-    res = {k: ([], [], []) for k in names}
+    res = {k: ([], [], [], []) for k in names}
     print("exec row: load average %.2f %.2f %.2f" % os.getloadavg(), flush=True)
     for r in range(a.exec_rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             args, ppid = paths[name]
-            c0 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0)
+            pids = [agent_pid] + ([ppid] if ppid else [])
+            c0 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0,
+                  sum(ctx_switches(p) for p in pids))
             mbs = (pipe_stdout(exe, a.server_cpu, a.client_cpu, nb) if args is None
                    else exec_read(exe, a.client_cpu, args))
-            c1 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0)
+            c1 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0,
+                  sum(ctx_switches(p) for p in pids))
             gib = nb / (1 << 30)
             res[name][0].append(mbs)
             res[name][1].append((c1[0] - c0[0]) / gib)
             res[name][2].append((c1[1] - c0[1]) / gib)
-            print("exec round %d %-24s %6.0f MB/s, CPU s/GiB agent %.2f proxy %.2f"
-                  % (r + 1, name, mbs, res[name][1][-1], res[name][2][-1]), flush=True)
+            res[name][3].append((c1[2] - c0[2]) / gib)
+            print("exec round %d %-24s %6.0f MB/s, CPU s/GiB agent %.2f proxy %.2f, "
+                  "context switches/GiB agent+proxy %.0f" % (r + 1, name, mbs, res[name][1][-1],
+                                                             res[name][2][-1], res[name][3][-1]),
+                  flush=True)
     print("exec row: load average %.2f %.2f %.2f\n" % os.getloadavg())
     med = {k: statistics.median(v[0]) for k, v in res.items()}
     print("| 1 GiB exec stdout | MB/s | × direct (same codec) | × better proxy (same codec) "
-          "| × pipe | agent CPU s/GiB | proxy CPU s/GiB |")
-    print("|---|---|---|---|---|---|---|")
-    for k, (mbs, acpu, pcpu) in res.items():
+          "| × pipe | agent CPU s/GiB | proxy CPU s/GiB | switches/GiB agent+proxy |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k, (mbs, acpu, pcpu, sw) in res.items():
         codec = k.split()[-1] if k.split()[-1] in ("json", "proto") else "proto"
         dr = med.get("direct " + codec)
         prox = [med[p + " " + codec] for p in ("nginx", "haproxy") if p + " " + codec in med]
         is_pipe = k == EXEC_PIPE
-        print("| %s | %.0f | %s | %s | %.2f | %s | %s |" % (
+        print("| %s | %.0f | %s | %s | %.2f | %s | %s | %s |" % (
             k, med[k], "-" if is_pipe or not dr else "%.2f" % (med[k] / dr),
             "%.2f" % (med[k] / max(prox)) if k.startswith("dataplane") and prox else "-",
             med[k] / med[EXEC_PIPE], "-" if is_pipe else "%.2f" % statistics.median(acpu),
-            "%.2f" % statistics.median(pcpu) if paths[k][1] else "-"))
+            "%.2f" % statistics.median(pcpu) if paths[k][1] else "-",
+            "-" if is_pipe else "%.0f" % statistics.median(sw)))
     print("\n(the console row's upstream is the proto stream: its x direct is against direct proto)")
     print()
 
