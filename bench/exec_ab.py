@@ -11,7 +11,10 @@ interleaved with the same command's stdout pipe read directly, per round.
 osr-agent and osr-dataplane on the same CPU or on different ones (the
 reader on the other), everything on one CPU, unpinned, and the same-CPU
 case with both daemons SCHED_BATCH (chrt -b: a woken task does not preempt
-the running one): the bimodality experiment of bench/README.md.
+the running one): the bimodality experiment of bench/README.md. Every
+placement sets both daemons' policy explicitly (chrt -o otherwise), so the
+rows other than the last run the agent SCHED_OTHER although osr-agent
+defaults to SCHED_BATCH now (--sched, docs/agent.md).
 --profile runs osr-dataplane of BUILD under `valgrind --tool=callgrind` or
 `strace -c -f` (the agent runs plain) for one exec stdout of BYTES (default
 64 MiB), then prints its instructions (and per byte) or system calls.
