@@ -7,6 +7,7 @@ checked in the agent: with splice on its relay holds a pipe while the slow
 download is paused (and none with OSR_SPLICE=0), so a splice that silently
 stayed on the copy path fails the test.
 """
+import fcntl
 import hashlib
 import hmac
 import http.server
@@ -66,6 +67,30 @@ def pipes(pid):
     return n
 
 
+def big_pipes(pid):
+    """Pipes of pid at net/splice.c's 1 MiB (F_GETPIPE_SZ on the pipe opened
+    again through /proc: the same pipe, nothing is read from it)."""
+    n = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        path = "/proc/%d/fd/%s" % (pid, fd)
+        try:
+            if not os.readlink(path).startswith("pipe:"):
+                continue
+            f = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            n += fcntl.fcntl(f, fcntl.F_GETPIPE_SZ) >= 1 << 20
+        finally:
+            os.close(f)
+    return n
+
+
+def pipe_max():
+    with open("/proc/sys/fs/pipe-max-size") as f:
+        return int(f.read())
+
+
 def check_pipes(tc, pid, base, splice, what):
     """With splice on, `pid` comes to hold a pipe more than `base` within
     5 s (the relay switched while it is backed up); with OSR_SPLICE=0 it
@@ -78,6 +103,8 @@ def check_pipes(tc, pid, base, splice, what):
         time.sleep(0.1)
     if splice:
         tc.assertGreater(extra, 0, "%s never switched to splice(2)" % what)
+        if pipe_max() >= 1 << 20:  # what F_SETPIPE_SZ grants without privilege
+            tc.assertGreater(big_pipes(pid), 0, "%s: the splice pipe is not 1 MiB" % what)
     else:
         time.sleep(1)
         tc.assertEqual(pipes(pid) - base, 0, "OSR_SPLICE=0 still spliced")
