@@ -51,7 +51,7 @@
 /* Pipe sizes asked for (F_SETPIPE_SZ), largest first: a bigger pipe moves
  * more per splice(2) pair and wake-up. 1 MiB is fs/pipe-max-size's default;
  * an unprivileged process over its pipe-user-pages-soft gets EPERM and falls
- * back to the next size, down to the kernel's default 64 KiB. */
+ * back to the next size, then keeps the size the pipe has. */
 static const int pipe_sizes[] = {1024 * 1024, 256 * 1024};
 /* Fairness (STYLE 17): bytes one direction moves per wake-up. */
 #define OSR_SPLICE_BURST (1024 * 1024)
@@ -322,14 +322,12 @@ static int pipe_open(spipe_t *pp, uint64_t left)
     pp->pfd[0] = pp->pfd[1] = -1;
     return -errno;
   }
-  pp->cap = 64 * 1024; /* the kernel's default */
-  for (size_t i = 0; i < sizeof(pipe_sizes) / sizeof(pipe_sizes[0]); i++) {
-    int got = fcntl(pp->pfd[1], F_SETPIPE_SZ, pipe_sizes[i]);
-    if (got > 0) {
-      pp->cap = (size_t)got;
-      break;
-    }
-  }
+  int got = -1;
+  for (size_t i = 0; got <= 0 && i < sizeof(pipe_sizes) / sizeof(pipe_sizes[0]); i++)
+    got = fcntl(pp->pfd[1], F_SETPIPE_SZ, pipe_sizes[i]);
+  if (got <= 0) /* refused: the size it has (a user over its soft limit gets 8 KiB) */
+    got = fcntl(pp->pfd[1], F_GETPIPE_SZ);
+  pp->cap = got > 0 ? (size_t)got : 64 * 1024;
   return 0;
 }
 
