@@ -49,6 +49,8 @@
 #define SIM_MAX_RESOURCES (1u << 20)
 /* Largest answer accepted from osr-sim (a list of many resources). */
 #define SIM_MAX_RESPONSE (64u << 20)
+/* Largest page list_page() serves (osr-sim's ?limit= too). */
+#define SIM_MAX_PAGE 10000
 
 typedef struct sim_res_s {
   osr_resource_t r;
@@ -59,7 +61,7 @@ typedef struct sim_res_s {
 typedef struct sim_s sim_t;
 typedef struct sim_op_s sim_op_t;
 
-enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST };
+enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST, OP_LIST_PAGE };
 
 struct sim_op_s {
   sim_op_t *prev, *next; /* sim->ops: every op not yet freed */
@@ -76,11 +78,16 @@ struct sim_op_s {
   int boot_fail;
   osr_resource_t *list;
   size_t nlist;
+  /* list_page: resources numbered above `after`, at most `limit` */
+  uint64_t after;
+  size_t limit;
+  char page_next[128]; /* "" = last page */
   union {
     osr_provider_create_cb create;
     osr_provider_done_cb done;
     osr_provider_get_cb get;
     osr_provider_list_cb list;
+    osr_provider_list_page_cb list_page;
   } cb;
   void *data;
 };
@@ -94,11 +101,14 @@ typedef struct sim_call_s {
   osr_resource_t res;
   osr_resource_t *list;
   size_t nlist;
+  size_t limit;   /* list_page */
+  char next[128]; /* list_page: "" = last page */
   union {
     osr_provider_create_cb create;
     osr_provider_done_cb done;
     osr_provider_get_cb get;
     osr_provider_list_cb list;
+    osr_provider_list_page_cb list_page;
   } cb;
   void *data;
 } sim_call_t;
@@ -515,6 +525,56 @@ static void sim_describe(osr_provider_t *p, osr_provider_info_t *info)
 
 /* ---- in-process resource table ------------------------------------------- */
 
+/* N of "sim-N" (what fill_resource names), 0 for anything else. */
+static uint64_t id_number(const char *id)
+{
+  if (strncmp(id, "sim-", 4) != 0 || id[4] < '0' || id[4] > '9')
+    return 0;
+  char *end;
+  unsigned long long n = strtoull(id + 4, &end, 10);
+  return *end == '\0' ? n : 0;
+}
+
+/* The table is in insertion order, which is ascending id number (ids come
+ * from next_id, restore sorts), so a page is a binary search for the first
+ * resource numbered above the cursor: a page costs O(limit + log n) and
+ * never skips a resource, whatever was removed since the page before. */
+static size_t page_start(const sim_t *s, uint64_t after)
+{
+  size_t lo = 0, hi = s->nres;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (id_number(s->res[mid].r.provider_id) <= after)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* The cursor of a page: the id of its last resource. NULL/"" = the first. */
+static int parse_cursor(const char *cursor, uint64_t *after)
+{
+  *after = 0;
+  if (cursor == NULL || cursor[0] == '\0')
+    return 0;
+  *after = id_number(cursor);
+  return *after != 0 ? 0 : OSR_EINVAL;
+}
+
+/* [*first, return) is the page after `after`; `next` gets the cursor of the
+ * following one, or "" if this is the last. */
+static size_t page_bounds(const sim_t *s, uint64_t after, size_t limit, size_t *first, char *next,
+                          size_t nextlen)
+{
+  size_t i = page_start(s, after), end = s->nres - i > limit ? i + limit : s->nres;
+  *first = i;
+  next[0] = '\0';
+  if (end < s->nres && end > i)
+    copy_str(next, nextlen, s->res[end - 1].r.provider_id);
+  return end;
+}
+
 static sim_res_t *find_res(sim_t *s, const char *id)
 {
   /* Newest first: a create looks up the resource it has just appended, so
@@ -546,13 +606,27 @@ static sim_res_t *insert_res(sim_t *s)
   return r;
 }
 
-static uint64_t id_number(const char *id)
+static int cmp_res_number(const void *a, const void *b)
 {
-  if (strncmp(id, "sim-", 4) != 0)
-    return 0;
-  char *end;
-  unsigned long long n = strtoull(id + 4, &end, 10);
-  return *end == '\0' ? n : 0;
+  uint64_t x = id_number(((const sim_res_t *)a)->r.provider_id);
+  uint64_t y = id_number(((const sim_res_t *)b)->r.provider_id);
+  return x < y ? -1 : x > y;
+}
+
+json_t *osr__sim_dump_page(osr_provider_t *p, const char *after, size_t limit, char *next,
+                           size_t nextlen)
+{
+  sim_t *s = p->impl;
+  uint64_t n;
+  size_t first;
+  if (parse_cursor(after, &n) != 0 || limit == 0 || limit > SIM_MAX_PAGE)
+    return NULL;
+  size_t end = page_bounds(s, n, limit, &first, next, nextlen);
+  json_t *a = json_array();
+  for (size_t i = first; i < end; i++)
+    json_array_append_new(
+        a, osr__sim_resource_to_json(&s->res[i].r, s->res[i].tenant, s->res[i].created_ms));
+  return a;
 }
 
 json_t *osr__sim_dump(osr_provider_t *p)
@@ -575,7 +649,8 @@ int osr__sim_restore(osr_provider_t *p, const json_t *arr)
   json_array_foreach(arr, i, v)
   {
     osr_resource_t r;
-    if (osr__sim_resource_from_json(v, &r, NULL) != 0)
+    /* Only ids this adapter hands out: pages are ordered by their number. */
+    if (osr__sim_resource_from_json(v, &r, NULL) != 0 || id_number(r.provider_id) == 0)
       return OSR_EINVAL;
   }
   json_array_foreach(arr, i, v)
@@ -589,6 +664,7 @@ int osr__sim_restore(osr_provider_t *p, const json_t *arr)
     if (n >= s->next_id)
       s->next_id = n + 1;
   }
+  qsort(s->res, s->nres, sizeof(*s->res), cmp_res_number);
   return 0;
 }
 
@@ -635,7 +711,7 @@ static void on_op_timer_closed(uv_handle_t *h)
 }
 
 /* The caller's callback for an op of `kind` (both modes). */
-#define DELIVER(p_, kind_, cbu_, data_, st_, res_, lst_, nl_)                                      \
+#define DELIVER(p_, kind_, cbu_, data_, st_, res_, lst_, nl_, next_)                               \
   do {                                                                                             \
     int ok_ = (st_) == 0;                                                                          \
     switch (kind_) {                                                                               \
@@ -651,6 +727,10 @@ static void on_op_timer_closed(uv_handle_t *h)
     case OP_LIST:                                                                                  \
       (cbu_).list((p_), (st_), ok_ ? (lst_) : NULL, ok_ ? (nl_) : 0, (data_));                     \
       break;                                                                                       \
+    case OP_LIST_PAGE:                                                                             \
+      (cbu_).list_page((p_), (st_), ok_ ? (lst_) : NULL, ok_ ? (nl_) : 0,                          \
+                       ok_ && (next_)[0] != '\0' ? (next_) : NULL, (data_));                       \
+      break;                                                                                       \
     }                                                                                              \
   } while (0)
 
@@ -658,7 +738,8 @@ static void on_op_timer_closed(uv_handle_t *h)
 static void deliver(sim_op_t *op)
 {
   op->delivered = 1;
-  DELIVER(op->sim->p, op->kind, op->cb, op->data, op->status, &op->res, op->list, op->nlist);
+  DELIVER(op->sim->p, op->kind, op->cb, op->data, op->status, &op->res, op->list, op->nlist,
+          op->page_next);
   uv_close((uv_handle_t *)&op->timer, on_op_timer_closed);
 }
 
@@ -807,6 +888,21 @@ static void run_local(sim_op_t *op)
       op->nlist = s->nres;
     }
     break;
+  case OP_LIST_PAGE: {
+    size_t first, end = page_bounds(s, op->after, op->limit, &first, op->page_next,
+                               sizeof(op->page_next));
+    if (end > first) {
+      op->list = osr_try_malloc((end - first) * sizeof(*op->list));
+      if (op->list == NULL) {
+        op->status = OSR_ENOMEM;
+        break;
+      }
+      for (size_t i = first; i < end; i++)
+        op->list[i - first] = s->res[i].r;
+      op->nlist = end - first;
+    }
+    break;
+  }
   }
 }
 
@@ -835,6 +931,34 @@ static int map_http_error(int http_status, const char *name)
   return osr_rest_map_status(http_status);
 }
 
+/* Ids go into a URL path: accept only what a sim id can contain. */
+static int id_ok(const char *id)
+{
+  size_t n = strlen(id);
+  if (n == 0 || n >= 128)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char ch = id[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          ch == '-' || ch == '_' || ch == '.'))
+      return 0;
+  }
+  return 1;
+}
+
+/* A page's "next": absent or null on the last page, else an id. */
+static int read_page_next(const json_t *j, sim_call_t *c)
+{
+  const json_t *v = json_object_get(j, "next");
+  c->next[0] = '\0';
+  if (v == NULL || json_is_null(v))
+    return 1;
+  if (!json_is_string(v) || !id_ok(json_string_value(v)))
+    return 0;
+  copy_str(c->next, sizeof(c->next), json_string_value(v));
+  return 1;
+}
+
 /* osr-sim answered (rest.h on_answer). */
 static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
 {
@@ -851,10 +975,10 @@ static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len
   } else if (c->kind == OP_CREATE || c->kind == OP_GET) {
     if (j == NULL || osr__sim_resource_from_json(j, &c->res, NULL) != 0)
       status = OSR_PERR_UNAVAILABLE; /* osr-sim answered nonsense */
-  } else if (c->kind == OP_LIST) {
+  } else if (c->kind == OP_LIST || c->kind == OP_LIST_PAGE) {
     json_t *arr = j != NULL ? json_object_get(j, "resources") : NULL;
     size_t n = json_array_size(arr);
-    if (!json_is_array(arr)) {
+    if (!json_is_array(arr) || (c->kind == OP_LIST_PAGE && (n > c->limit || !read_page_next(j, c)))) {
       status = OSR_PERR_UNAVAILABLE;
     } else if (n > 0) {
       c->list = osr_try_malloc(n * sizeof(*c->list));
@@ -875,7 +999,7 @@ static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len
 static void call_deliver(osr_rest_op_t *rop, int status)
 {
   sim_call_t *c = osr_rest_user(rop);
-  DELIVER(c->sim->p, c->kind, c->cb, c->data, status, &c->res, c->list, c->nlist);
+  DELIVER(c->sim->p, c->kind, c->cb, c->data, status, &c->res, c->list, c->nlist, c->next);
 }
 
 static void call_release(osr_rest_op_t *rop)
@@ -895,21 +1019,6 @@ static sim_call_t *call_new(sim_t *s, int kind, void *data)
   c->kind = kind;
   c->data = data;
   return c;
-}
-
-/* Ids go into a URL path: accept only what a sim id can contain. */
-static int id_ok(const char *id)
-{
-  size_t n = strlen(id);
-  if (n == 0 || n >= 128)
-    return 0;
-  for (size_t i = 0; i < n; i++) {
-    char ch = id[i];
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-          ch == '-' || ch == '_' || ch == '.'))
-      return 0;
-  }
-  return 1;
 }
 
 /* ---- adapter operations ------------------------------------------------------ */
@@ -1043,6 +1152,35 @@ static int sim_list(osr_provider_t *p, osr_provider_list_cb cb, void *data)
   return start_simple(p, OP_LIST, NULL, (void *)cb, data);
 }
 
+/* Pages run on the same paths as the other operations: a timer turn in
+ * process, GET /v1/resources?...&after=&limit= on osr-sim. */
+static int sim_list_page(osr_provider_t *p, const char *cursor, size_t limit,
+                         osr_provider_list_page_cb cb, void *data)
+{
+  sim_t *s = p->impl;
+  uint64_t after;
+  if (s->closing)
+    return OSR_ECLOSED;
+  if (cb == NULL || limit == 0 || limit > SIM_MAX_PAGE || parse_cursor(cursor, &after) != 0)
+    return OSR_EINVAL;
+  if (s->url_mode) {
+    sim_call_t *c = call_new(s, OP_LIST_PAGE, data);
+    c->cb.list_page = cb;
+    c->limit = limit;
+    char target[300];
+    snprintf(target, sizeof(target), "/v1/resources?label=%s&limit=%zu%s%s", OSR_LABEL_SANDBOX_ID,
+             limit, after != 0 ? "&after=" : "", after != 0 ? cursor : "");
+    osr_rest_send(c->rop, "GET", target, NULL);
+    return 0;
+  }
+  sim_op_t *op = op_new(s, OP_LIST_PAGE, data);
+  op->cb.list_page = cb;
+  op->after = after;
+  op->limit = limit;
+  uv_timer_start(&op->timer, on_op_timer, 0, 0);
+  return 0;
+}
+
 /* ---- close -------------------------------------------------------------------- */
 
 static void on_close_timer_closed(uv_handle_t *h)
@@ -1102,4 +1240,5 @@ const osr_adapter_t osr_adapter_sim = {
     .pause = NULL,
     .resume = NULL,
     .close = sim_close,
+    .list_page = sim_list_page,
 };

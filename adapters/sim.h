@@ -26,6 +26,12 @@ int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant
 /** In-process mode only: every resource, as an array of the JSON above (new
  *  reference). */
 json_t *osr__sim_dump(osr_provider_t *p);
+/** One page of the dump: the resources after the one named `after` (NULL or
+ * "" = from the first), at most `limit` (1..10000); `next` gets the cursor of
+ * the following page, "" if this is the last. NULL if `after` is not a sim
+ * id or `limit` is 0. */
+json_t *osr__sim_dump_page(osr_provider_t *p, const char *after, size_t limit, char *next,
+                           size_t nextlen);
 
 /** In-process mode only: insert resources from such an array (a state file)
  *  as they are. Returns 0 or OSR_EINVAL (nothing inserted). */

@@ -153,6 +153,12 @@ typedef void (*osr_provider_get_cb)(osr_provider_t *p, int status, const osr_res
 typedef void (*osr_provider_list_cb)(osr_provider_t *p, int status, const osr_resource_t *res,
                                      size_t n, void *data);
 
+/** One page of list_page(): `n` resources carrying OSR's label, and `next`,
+ *  the cursor of the following page (NULL on the last page); both valid
+ *  during the call. */
+typedef void (*osr_provider_list_page_cb)(osr_provider_t *p, int status, const osr_resource_t *res,
+                                          size_t n, const char *next, void *data);
+
 /** Snapshot result: `snapshot` names the snapshot (for the local provider,
  *  the path of the tar file written); valid during the call. */
 typedef void (*osr_provider_snapshot_cb)(osr_provider_t *p, int status, const char *snapshot,
@@ -212,6 +218,17 @@ typedef struct osr_adapter_s {
    *  OSR_PERR_NOT_FOUND if it is gone or no longer carries that label. */
   int (*adopt)(osr_provider_t *p, const char *provider_id, const char *sandbox_id,
                const char *agent_token, osr_provider_get_cb cb, void *data);
+  /** Optional (added without a version bump, NULL = only list()): list()
+   *  one page at a time, so that a caller walking many thousands of
+   *  resources never holds the loop thread for the whole list (the reaper
+   *  uses it when present). `cursor` is NULL for the first page, then the
+   *  `next` of the page before (an opaque string of at most 255 bytes);
+   *  `limit` (>= 1) bounds the resources of one page, which may hold fewer
+   *  (even none) without being the last. Every resource that exists from the
+   *  first page's call to the last page's answer is in exactly one page;
+   *  one created or destroyed meanwhile may be in none. */
+  int (*list_page)(osr_provider_t *p, const char *cursor, size_t limit,
+                   osr_provider_list_page_cb cb, void *data);
 } osr_adapter_t;
 
 /** A configured provider instance (one adapter may back several). Owned by

@@ -23,7 +23,17 @@
  *      adapter's callback; only the resources that match no snapshot entry
  *      (rare: orphans, creates newer than the snapshot) are kept, as ids,
  *      for the fresh reads, so a pass holds no copy of the provider's list
- *      (about 1.6 KB per resource).
+ *      (about 1.6 KB per resource). An adapter with list_page() is walked
+ *      one page (PROVIDER_PAGE resources) per call, each page matched as it
+ *      arrives; one with only list() hands its whole list in one callback.
+ *
+ * No loop turn of a pass grows with the number of live sandboxes: the
+ * snapshot is kept in fixed-size blocks with a hash index on the sandbox id
+ * (appending a store page costs O(page), nothing is sorted), provider lists
+ * come a page per call, and the scans over the snapshot (steps 3 and 4) stop
+ * after SCAN_STEP entries and resume on the next loop turn (a zero timer, so
+ * the loop polls for I/O in between). Only a list()-only adapter's answer is
+ * still matched in one turn.
  *
  * Races with the API are settled by re-reading the binding right before
  * acting, and by the create flow's write order (the row names the provider
@@ -49,6 +59,9 @@
 #define PAGE 500
 #define MAX_LIVE 200000
 #define STATE_SLOTS 8
+#define CHUNK 1024         /* snapshot entries per block */
+#define SCAN_STEP 4096     /* snapshot entries examined per loop turn */
+#define PROVIDER_PAGE 256  /* resources per list_page() call */
 
 typedef struct live_s {
   char id[OSR_ID_MAX];
@@ -57,6 +70,7 @@ typedef struct live_s {
   char provider_id[128];
   osr_binding_state_t state;
   int64_t expires_ms, idle_timeout_ms, last_activity_ms;
+  uint32_t hash; /* of id, for growing the index without rehashing ids */
   int seen;   /* its resource was in the provider's list */
   int acted;  /* ended by this pass */
 } live_t;
@@ -76,6 +90,9 @@ typedef struct once_s {
 struct osr_reaper_s {
   osr_gw_t *gw;
   uv_timer_t timer;
+  uv_timer_t step;             /* a pass's next step, on a later loop turn */
+  void (*resume)(osr_reaper_t *r);
+  int handles;                 /* open uv handles; r is freed at 0 */
   int running, stopping, again;
   void (*stop_cb)(void *data);
   void *stop_data;
@@ -86,8 +103,12 @@ struct osr_reaper_s {
   /* pass state */
   int64_t pass_start_ms;
   uint64_t pass_t0_us;         /* uv_hrtime of the pass's start, for the trace line */
-  live_t *live;
-  size_t nlive, cap;
+  live_t **chunk;              /* the snapshot: entry i is chunk[i / CHUNK][i % CHUNK] */
+  size_t nlive, nchunk_cap;
+  uint32_t *index;             /* open addressing over ids: entry + 1, 0 = empty */
+  size_t index_cap;            /* 0 or a power of two > 2 * nlive */
+  uint64_t pages, yields;      /* provider pages and scan yields of this pass */
+  uint64_t max_step_us;        /* longest step of this pass (trace line) */
   uint64_t counts[STATE_SLOTS];
   char cursor[256];
   size_t xi;                   /* expiry scan */
@@ -96,7 +117,7 @@ struct osr_reaper_s {
   size_t pi;                   /* provider */
   osr_provider_t *p;
   unmatched_t *res;            /* this provider's unmatched resources */
-  size_t nres, ri;
+  size_t nres, rescap, ri;
   size_t li;                   /* lost scan */
 };
 
@@ -108,16 +129,111 @@ static void pass_resource(osr_reaper_t *r);
 static void pass_lost(osr_reaper_t *r);
 static void pass_end(osr_reaper_t *r, int status);
 
-static int cmp_live(const void *a, const void *b)
+static live_t *live_at(osr_reaper_t *r, size_t i)
 {
-  return strcmp(((const live_t *)a)->id, ((const live_t *)b)->id);
+  return &r->chunk[i / CHUNK][i % CHUNK];
+}
+
+static uint32_t id_hash(const char *id)
+{
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (; *id != '\0'; id++)
+    h = (h ^ (unsigned char)*id) * 16777619u;
+  return h;
+}
+
+static void index_put(uint32_t *index, size_t cap, uint32_t hash, uint32_t entry)
+{
+  size_t k = hash & (cap - 1);
+  while (index[k] != 0)
+    k = (k + 1) & (cap - 1);
+  index[k] = entry + 1;
+}
+
+/* Append an entry to the snapshot: O(1) but for the index's doubling, which
+ * moves 4-byte entries only (each entry keeps its hash). */
+static live_t *live_add(osr_reaper_t *r, const char *id)
+{
+  if (r->nlive % CHUNK == 0) {
+    size_t c = r->nlive / CHUNK;
+    if (c == r->nchunk_cap) {
+      r->nchunk_cap = r->nchunk_cap ? 2 * r->nchunk_cap : 16;
+      r->chunk = osr_xrealloc(r->chunk, r->nchunk_cap * sizeof(*r->chunk));
+    }
+    r->chunk[c] = osr_xmalloc(CHUNK * sizeof(live_t));
+  }
+  if (2 * (r->nlive + 1) >= r->index_cap) {
+    size_t cap = r->index_cap ? 2 * r->index_cap : 2 * CHUNK;
+    uint32_t *index = osr_xcalloc(cap, sizeof(*index));
+    for (size_t i = 0; i < r->nlive; i++)
+      index_put(index, cap, live_at(r, i)->hash, (uint32_t)i);
+    osr_free(r->index);
+    r->index = index;
+    r->index_cap = cap;
+  }
+  live_t *l = live_at(r, r->nlive);
+  memset(l, 0, sizeof(*l));
+  snprintf(l->id, sizeof(l->id), "%s", id);
+  l->hash = id_hash(l->id);
+  index_put(r->index, r->index_cap, l->hash, (uint32_t)r->nlive);
+  r->nlive++;
+  return l;
 }
 
 static live_t *find_live(osr_reaper_t *r, const char *id)
 {
-  live_t key;
-  snprintf(key.id, sizeof(key.id), "%.39s", id);
-  return r->nlive ? bsearch(&key, r->live, r->nlive, sizeof(*r->live), cmp_live) : NULL;
+  if (r->nlive == 0)
+    return NULL;
+  uint32_t h = id_hash(id);
+  for (size_t k = h & (r->index_cap - 1); r->index[k] != 0; k = (k + 1) & (r->index_cap - 1)) {
+    live_t *l = live_at(r, r->index[k] - 1);
+    if (l->hash == h && strcmp(l->id, id) == 0)
+      return l;
+  }
+  return NULL;
+}
+
+static void live_free(osr_reaper_t *r)
+{
+  for (size_t c = 0; c < (r->nlive + CHUNK - 1) / CHUNK; c++)
+    osr_free(r->chunk[c]);
+  osr_freep(&r->chunk);
+  osr_freep(&r->index);
+  r->nlive = r->nchunk_cap = r->index_cap = 0;
+}
+
+/* Time a step that may scale with its input (the trace line's "longest
+ * step"): pass the value step_begin() returned. */
+static uint64_t step_begin(void)
+{
+  return uv_hrtime() / 1000;
+}
+
+static void step_end(osr_reaper_t *r, uint64_t t0)
+{
+  uint64_t d = uv_hrtime() / 1000 - t0;
+  if (d > r->max_step_us)
+    r->max_step_us = d;
+}
+
+static void on_step(uv_timer_t *t)
+{
+  osr_reaper_t *r = t->data;
+  if (r->stopping) {
+    pass_end(r, 0);
+    return;
+  }
+  uint64_t t0 = step_begin();
+  r->resume(r);
+  step_end(r, t0);
+}
+
+/* Go on with fn on a later loop turn, after the loop polled for I/O. */
+static void yield(osr_reaper_t *r, void (*fn)(osr_reaper_t *r))
+{
+  r->yields++;
+  r->resume = fn;
+  uv_timer_start(&r->step, on_step, 0, 0);
 }
 
 static void audit(osr_reaper_t *r, const char *tenant, const char *action, const char *id,
@@ -139,14 +255,9 @@ static void live_listed(int status, const osr_binding_t *items, size_t n, const 
     pass_end(r, status);
     return;
   }
+  uint64_t t0 = step_begin();
   for (size_t i = 0; i < n && r->nlive < MAX_LIVE; i++) {
-    if (r->nlive == r->cap) {
-      r->cap = r->cap ? 2 * r->cap : 256;
-      r->live = osr_xrealloc(r->live, r->cap * sizeof(*r->live));
-    }
-    live_t *l = &r->live[r->nlive++];
-    memset(l, 0, sizeof(*l));
-    snprintf(l->id, sizeof(l->id), "%s", items[i].id);
+    live_t *l = live_add(r, items[i].id);
     snprintf(l->tenant, sizeof(l->tenant), "%s", items[i].tenant);
     snprintf(l->provider, sizeof(l->provider), "%s", items[i].provider);
     snprintf(l->provider_id, sizeof(l->provider_id), "%s", items[i].provider_id);
@@ -155,13 +266,12 @@ static void live_listed(int status, const osr_binding_t *items, size_t n, const 
     l->idle_timeout_ms = items[i].idle_timeout_ms;
     l->last_activity_ms = items[i].last_activity_ms;
   }
+  step_end(r, t0);
   if (next != NULL && r->nlive < MAX_LIVE) {
     snprintf(r->cursor, sizeof(r->cursor), "%s", next);
     pass_live_page(r);
     return;
   }
-  if (r->nlive > 0)
-    qsort(r->live, r->nlive, sizeof(*r->live), cmp_live);
   r->cursor[0] = '\0';
   pass_count_page(r);
 }
@@ -256,7 +366,7 @@ static void expire_next(osr_reaper_t *r)
 static void expire_stored(int status, void *data)
 {
   osr_reaper_t *r = data;
-  live_t *l = &r->live[r->xi];
+  live_t *l = live_at(r, r->xi);
   if (status == 0) {
     l->acted = 1;
     osr__cache_invalidate(r->gw, r->cur.id);
@@ -317,8 +427,12 @@ static void expire_got(int status, const osr_binding_t *b, int created, void *da
 static void pass_expire(osr_reaper_t *r)
 {
   int64_t now = osr_now_ms();
-  while (r->xi < r->nlive) {
-    live_t *l = &r->live[r->xi];
+  for (size_t budget = SCAN_STEP; r->xi < r->nlive; budget--) {
+    if (budget == 0) {
+      yield(r, pass_expire);
+      return;
+    }
+    live_t *l = live_at(r, r->xi);
     if (expiry_reason(now, l->state, l->expires_ms, l->idle_timeout_ms, l->last_activity_ms) ==
         NULL) {
       r->xi++;
@@ -410,7 +524,7 @@ static void lost_stored(int status, void *data)
 static void lost_got(int status, const osr_binding_t *b, int created, void *data)
 {
   osr_reaper_t *r = data;
-  live_t *l = &r->live[r->li];
+  live_t *l = live_at(r, r->li);
   (void)created;
   /* Only if it still points at the resource the provider no longer has,
    * and did not change since before the provider was listed. */
@@ -428,8 +542,12 @@ static void lost_got(int status, const osr_binding_t *b, int created, void *data
 
 static void pass_lost(osr_reaper_t *r)
 {
-  while (r->li < r->nlive) {
-    live_t *l = &r->live[r->li];
+  for (size_t budget = SCAN_STEP; r->li < r->nlive; budget--) {
+    if (budget == 0) {
+      yield(r, pass_lost);
+      return;
+    }
+    live_t *l = live_at(r, r->li);
     if (l->seen || l->acted || strcmp(l->provider, r->p->name) != 0 ||
         (l->state != OSR_BINDING_RUNNING && l->state != OSR_BINDING_PAUSED)) {
       r->li++;
@@ -443,25 +561,27 @@ static void pass_lost(osr_reaper_t *r)
     return;
   }
   osr_freep(&r->res);
-  r->nres = 0;
+  r->nres = r->rescap = 0;
   r->pi++;
   pass_provider(r);
 }
 
-static void provider_listed(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
-                            void *data)
+/* Cannot see the provider: decide nothing about it this pass. */
+static void provider_failed(osr_reaper_t *r, osr_provider_t *p, int status)
 {
-  osr_reaper_t *r = data;
-  if (status != 0) {
-    /* Cannot see the provider: decide nothing about it this pass. */
-    OSR_LOG_DEBUG(MOD, "listing %s: %s", p->name, osr_provider_err_name(status));
-    r->pi++;
-    pass_provider(r);
-    return;
-  }
-  /* Match against the snapshot now, while `res` is valid; keep the rest. */
-  size_t cap = 0;
-  r->nres = 0;
+  OSR_LOG_DEBUG(MOD, "listing %s: %s", p->name, osr_provider_err_name(status));
+  osr_freep(&r->res);
+  r->nres = r->rescap = 0;
+  r->pi++;
+  pass_provider(r);
+}
+
+/* Match listed resources against the snapshot now, while `res` is valid;
+ * keep the rest (appended to r->res across pages). */
+static void match_resources(osr_reaper_t *r, osr_provider_t *p, const osr_resource_t *res,
+                            size_t n)
+{
+  uint64_t t0 = step_begin();
   for (size_t i = 0; i < n; i++) {
     if (res[i].sandbox_id[0] == '\0')
       continue; /* not ours (no label) */
@@ -472,13 +592,54 @@ static void provider_listed(osr_provider_t *p, int status, const osr_resource_t 
       l->seen = 1;
       continue;
     }
-    if (r->nres == cap) {
-      cap = cap ? 2 * cap : 16;
-      r->res = osr_xrealloc(r->res, cap * sizeof(*r->res));
+    if (r->nres == r->rescap) {
+      r->rescap = r->rescap ? 2 * r->rescap : 16;
+      r->res = osr_xrealloc(r->res, r->rescap * sizeof(*r->res));
     }
     unmatched_t *u = &r->res[r->nres++];
     snprintf(u->provider_id, sizeof(u->provider_id), "%s", res[i].provider_id);
     snprintf(u->sandbox_id, sizeof(u->sandbox_id), "%s", res[i].sandbox_id);
+  }
+  step_end(r, t0);
+}
+
+static void provider_listed(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
+                            void *data)
+{
+  osr_reaper_t *r = data;
+  if (status != 0) {
+    provider_failed(r, p, status);
+    return;
+  }
+  r->pages++;
+  match_resources(r, p, res, n);
+  r->ri = 0;
+  pass_resource(r);
+}
+
+static void provider_page(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
+                          const char *next, void *data)
+{
+  osr_reaper_t *r = data;
+  if (status == 0 && next != NULL && strlen(next) >= sizeof(r->cursor))
+    status = OSR_PERR_UNAVAILABLE; /* a cursor the adapter contract does not allow */
+  if (status != 0) {
+    provider_failed(r, p, status);
+    return;
+  }
+  if (r->stopping) {
+    pass_end(r, 0);
+    return;
+  }
+  r->pages++;
+  match_resources(r, p, res, n);
+  if (next != NULL) {
+    /* The page's answer is the yield: the next one comes on a later turn. */
+    snprintf(r->cursor, sizeof(r->cursor), "%s", next);
+    int rv = p->adapter->list_page(p, r->cursor, PROVIDER_PAGE, provider_page, r);
+    if (rv != 0)
+      provider_failed(r, p, rv);
+    return;
   }
   r->ri = 0;
   pass_resource(r);
@@ -488,10 +649,16 @@ static void pass_provider(osr_reaper_t *r)
 {
   size_t np = osr_providers_count(r->gw->providers);
   while (r->pi < np && !r->stopping) {
-    r->p = osr_providers_at(r->gw->providers, r->pi);
-    if ((r->p->info.flags & OSR_PROVIDER_F_NO_LABELS) == 0 &&
-        r->p->adapter->list(r->p, provider_listed, r) == 0)
-      return;
+    osr_provider_t *p = r->p = osr_providers_at(r->gw->providers, r->pi);
+    r->nres = 0;
+    r->cursor[0] = '\0';
+    if ((p->info.flags & OSR_PROVIDER_F_NO_LABELS) == 0) {
+      int rv = p->adapter->list_page != NULL
+                   ? p->adapter->list_page(p, NULL, PROVIDER_PAGE, provider_page, r)
+                   : p->adapter->list(p, provider_listed, r);
+      if (rv == 0)
+        return;
+    }
     r->pi++;
   }
   pass_end(r, 0);
@@ -502,11 +669,19 @@ static void pass_provider(osr_reaper_t *r)
 static void on_timer_closed(uv_handle_t *h)
 {
   osr_reaper_t *r = h->data;
+  if (--r->handles > 0)
+    return;
   void (*cb)(void *) = r->stop_cb;
   void *data = r->stop_data;
   osr_free(r);
   if (cb != NULL)
     cb(data);
+}
+
+static void close_handles(osr_reaper_t *r)
+{
+  uv_close((uv_handle_t *)&r->timer, on_timer_closed);
+  uv_close((uv_handle_t *)&r->step, on_timer_closed);
 }
 
 static void pass_start(osr_reaper_t *r);
@@ -550,15 +725,20 @@ static void pass_end(osr_reaper_t *r, int status)
   size_t nlive = r->nlive;
   if (status != 0)
     OSR_LOG_WARN(MOD, "pass failed: %s", osr__err_text(status));
-  osr_freep(&r->live);
-  r->nlive = r->cap = 0;
+  uv_timer_stop(&r->step);
+  live_free(r);
   osr_freep(&r->res);
-  r->nres = 0;
+  r->nres = r->rescap = 0;
   uint64_t t_trim = uv_hrtime() / 1000;
   release_heap(nlive);
-  /* Where a pass sits in a latency profile (OSR_LOG_LEVEL=trace). */
-  OSR_LOG_TRACE(MOD, "pass at %" PRIu64 " ended at %" PRIu64 " (%zu live, trim %" PRIu64 " us)",
-                r->pass_t0_us, t_trim, nlive, uv_hrtime() / 1000 - t_trim);
+  /* Where a pass sits in a latency profile (OSR_LOG_LEVEL=trace), and how
+   * it was cut into loop turns (debug: tests count the pages and yields). */
+  OSR_LOG_TRACE(MOD,
+                "pass at %" PRIu64 " ended at %" PRIu64 " (%zu live, trim %" PRIu64
+                " us, longest step %" PRIu64 " us)",
+                r->pass_t0_us, t_trim, nlive, uv_hrtime() / 1000 - t_trim, r->max_step_us);
+  OSR_LOG_DEBUG(MOD, "pass: %zu live, %" PRIu64 " provider pages, %" PRIu64 " scan yields",
+                nlive, r->pages, r->yields);
   osr_binding_dispose(&r->cur);
   osr_binding_init(&r->cur);
   r->running = 0;
@@ -571,7 +751,7 @@ static void pass_end(osr_reaper_t *r, int status)
     o = n;
   }
   if (r->stopping) {
-    uv_close((uv_handle_t *)&r->timer, on_timer_closed);
+    close_handles(r);
     return;
   }
   if (r->again) {
@@ -606,6 +786,7 @@ static void pass_start(osr_reaper_t *r)
   r->once_next = NULL;
   r->pass_start_ms = osr_now_ms();
   r->pass_t0_us = uv_hrtime() / 1000;
+  r->pages = r->yields = r->max_step_us = 0;
   memset(r->counts, 0, sizeof(r->counts));
   r->cursor[0] = '\0';
   /* Activity the data planes left in Redis goes into the store first, so
@@ -631,7 +812,9 @@ int osr_reaper_start(osr_gw_t *gw, osr_reaper_t **out)
     osr_free(r);
     return rv;
   }
-  r->timer.data = r;
+  (void)uv_timer_init(gw->loop, &r->step); /* cannot fail once the first did */
+  r->timer.data = r->step.data = r;
+  r->handles = 2;
   uint64_t every = gw->cfg->reaper_interval_ms ? gw->cfg->reaper_interval_ms : 5000;
   /* The first pass runs at once: reconciliation at start. */
   uv_timer_start(&r->timer, on_tick, 0, every);
@@ -664,5 +847,5 @@ void osr_reaper_stop(osr_reaper_t *r, void (*cb)(void *data), void *data)
   r->stop_data = data;
   uv_timer_stop(&r->timer);
   if (!r->running)
-    uv_close((uv_handle_t *)&r->timer, on_timer_closed);
+    close_handles(r);
 }

@@ -13,7 +13,9 @@
  *                               503/429/504/507/401/400 {"error","message"}
  *   GET    /v1/resources        {"resources":[...]}; ?label=KEY or
  *                               ?label=KEY=VALUE filters (osr.dev/sandbox-id,
- *                               osr.dev/tenant)
+ *                               osr.dev/tenant); ?limit=N (1..10000) answers
+ *                               one page {"resources":[...],"next":ID|null},
+ *                               &after=ID (a page's "next") the one after it
  *   GET    /v1/resources/{id}   200 resource | 404
  *   DELETE /v1/resources/{id}   204 | 404
  *   GET    /healthz             {"status":"ok","resources":N}
@@ -377,25 +379,47 @@ static int label_match(const json_t *res, const char *want)
   return v != NULL && strcmp(v, eq + 1) == 0;
 }
 
-static void route_list(osr_http_req_t *req)
+/* Query parameter `name`=... of the list request into out; 1 if present,
+ * -1 if it does not decode into out. */
+static int query_param(const osr_http_req_t *req, const char *name, char *out, size_t outlen)
 {
-  char label[256] = "";
-  /* The only query parameter is `label`. */
   const char *q = req->query.base;
-  size_t qn = req->query.len, i = 0;
+  size_t qn = req->query.len, nn = strlen(name), i = 0;
   while (i < qn) {
     size_t j = i;
     while (j < qn && q[j] != '&')
       j++;
-    if (j - i > 6 && memcmp(q + i, "label=", 6) == 0) {
-      if (osr_pct_decode(q + i + 6, j - i - 6, label, sizeof(label)) < 0) {
-        send_error(req, 400, "invalid", "bad label parameter");
-        return;
-      }
-    }
+    if (j - i > nn && memcmp(q + i, name, nn) == 0 && q[i + nn] == '=')
+      return osr_pct_decode(q + i + nn + 1, j - i - nn - 1, out, outlen) < 0 ? -1 : 1;
     i = j + 1;
   }
-  json_t *all = osr__sim_dump(&prov), *out = json_array();
+  return 0;
+}
+
+static void route_list(osr_http_req_t *req)
+{
+  /* label filters; limit (1..10000) asks for one page, after= (the "next"
+   * of the page before) for the page that follows. */
+  char label[256] = "", after[128] = "", lim[16] = "";
+  if (query_param(req, "label", label, sizeof(label)) < 0) {
+    send_error(req, 400, "invalid", "bad label parameter");
+    return;
+  }
+  int paged = query_param(req, "limit", lim, sizeof(lim));
+  char *end = NULL, next[128] = "";
+  unsigned long limit = paged > 0 ? strtoul(lim, &end, 10) : 0;
+  if (paged < 0 || (paged > 0 && (end == lim || *end != '\0' || limit == 0 || limit > 10000)) ||
+      query_param(req, "after", after, sizeof(after)) < 0) {
+    send_error(req, 400, "invalid", "bad limit or after parameter");
+    return;
+  }
+  json_t *all = paged > 0 ? osr__sim_dump_page(&prov, after, limit, next, sizeof(next))
+                          : osr__sim_dump(&prov);
+  if (all == NULL) {
+    send_error(req, 400, "invalid", "bad after parameter");
+    return;
+  }
+  json_t *out = json_array();
   size_t k;
   json_t *v;
   json_array_foreach(all, k, v)
@@ -404,7 +428,10 @@ static void route_list(osr_http_req_t *req)
       json_array_append(out, v);
   }
   json_decref(all);
-  send_json(req, 200, json_pack("{s:o}", "resources", out));
+  json_t *body = json_pack("{s:o}", "resources", out);
+  if (paged > 0)
+    json_object_set_new(body, "next", next[0] != '\0' ? json_string(next) : json_null());
+  send_json(req, 200, body);
 }
 
 static void route_one(osr_http_req_t *req, const char *id)
