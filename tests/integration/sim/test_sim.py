@@ -100,6 +100,23 @@ class Api(unittest.TestCase):
             st, h = s.call("GET", "/healthz")
             self.assertEqual((st, h["resources"]), (200, 1))
 
+    def test_pages(self):
+        with Sim("--latency-ms", "0") as s:
+            made = [s.create("sbxpage%d" % i)[1]["id"] for i in range(5)]
+            st, pg = s.call("GET", "/v1/resources?label=osr.dev/sandbox-id&limit=2")
+            self.assertEqual((st, [x["id"] for x in pg["resources"]], pg["next"]), (200, made[:2], made[1]))
+            # A resource of an earlier page goes away: the next page is unchanged.
+            self.assertEqual(s.call("DELETE", "/v1/resources/" + made[0])[0], 204)
+            st, pg = s.call("GET", "/v1/resources?limit=2&after=" + made[1])
+            self.assertEqual((st, [x["id"] for x in pg["resources"]], pg["next"]), (200, made[2:4], made[3]))
+            st, pg = s.call("GET", "/v1/resources?limit=2&after=" + made[3])
+            self.assertEqual((st, [x["id"] for x in pg["resources"]], pg["next"]), (200, made[4:], None))
+            st, pg = s.call("GET", "/v1/resources?limit=10000")
+            self.assertEqual((st, len(pg["resources"]), pg["next"]), (200, 4, None))
+            for q in ("limit=0", "limit=10001", "limit=x", "limit=", "limit=2&after=nope", "limit=1&after=sim-"):
+                st, e = s.call("GET", "/v1/resources?" + q)
+                self.assertEqual((st, e["error"]), (400, "invalid"), q)
+
     def test_bad_requests(self):
         with Sim("--latency-ms", "0") as s:
             for raw in (b"{", b"[]", b'{"tenant":"x"}', b'{"sandbox_id":""}', b'{"sandbox_id":5}',

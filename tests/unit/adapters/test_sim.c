@@ -5,6 +5,8 @@
  *   - every callback fires exactly once, and never inside the call;
  *   - close with operations in flight: each fails with OSR_ECANCELED, then
  *     the close callback runs;
+ *   - list_page: pages of at most `limit`, every resource in exactly one page
+ *     even when resources of earlier pages are destroyed between pages;
  *   - sim-specific knobs: failure_rate (and its seeded reproducibility),
  *     boot_failure_rate (the half-created resource is destroyed), capacity,
  *     configuration errors naming the key, connection refused in url mode.
@@ -128,7 +130,101 @@ static const char *uid(const char *base)
   return b;
 }
 
+/* One list_page() answer: what it held of ours (ids starting with `prefix`). */
+typedef struct page_s {
+  res_t r;
+  const char *prefix;
+  char ids[32][80];
+  size_t nids, n;
+  char next[256];
+  int has_next;
+} page_t;
+
+static void on_page(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
+                    const char *next, void *data)
+{
+  page_t *pg = data;
+  (void)p;
+  note_call(&pg->r, status);
+  pg->n = n;
+  pg->nids = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(res[i].sandbox_id, pg->prefix, strlen(pg->prefix)) == 0 && pg->nids < 32)
+      snprintf(pg->ids[pg->nids++], sizeof(pg->ids[0]), "%s", res[i].sandbox_id);
+  pg->has_next = next != NULL;
+  snprintf(pg->next, sizeof(pg->next), "%s", next != NULL ? next : "");
+}
+
+static void page_sync(osr_provider_t *p, const char *cursor, size_t limit, page_t *pg)
+{
+  const char *prefix = pg->prefix;
+  memset(pg, 0, sizeof(*pg));
+  pg->prefix = prefix;
+  in_call = 1;
+  assert_int_equal(p->adapter->list_page(p, cursor, limit, on_page, pg), 0);
+  in_call = 0;
+  run_until(&pg->r.calls, 10000);
+  assert_int_equal(pg->r.calls, 1);
+  assert_int_equal(pg->r.status, 0);
+  assert_true(pg->n <= limit);
+}
+
 /* ---- the contract ---------------------------------------------------------- */
+
+static void test_contract_list_pages(void **state)
+{
+  (void)state;
+  osr_provider_t *p = sim_new("{\"latency_ms\": 0}");
+  enum { N = 9 };
+  res_t c[N], d;
+  char ids[N][80], prefix[64];
+  snprintf(prefix, sizeof(prefix), "%s-", uid("sbx-page"));
+  for (int i = 0; i < N; i++) {
+    snprintf(ids[i], sizeof(ids[i]), "%s%d", prefix, i);
+    create_sync(p, ids[i], &c[i]);
+    assert_int_equal(c[i].status, 0);
+  }
+  assert_non_null(p->adapter->list_page);
+  assert_int_equal(p->adapter->list_page(p, NULL, 0, on_page, &d), OSR_EINVAL);
+  assert_int_equal(p->adapter->list_page(p, "no-such-cursor", 2, on_page, &d), OSR_EINVAL);
+  assert_int_equal(p->adapter->list_page(p, NULL, 2, NULL, &d), OSR_EINVAL);
+
+  /* Walk in pages of 2; after the first page, destroy what it returned of
+   * ours: nothing later may be skipped for it. */
+  int seen[N] = {0}, pages = 0, destroyed = 0;
+  page_t pg = {.prefix = prefix};
+  char cursor[256] = "";
+  do {
+    page_sync(p, cursor[0] ? cursor : NULL, 2, &pg);
+    pages++;
+    for (size_t k = 0; k < pg.nids; k++)
+      for (int i = 0; i < N; i++)
+        if (strcmp(pg.ids[k], ids[i]) == 0)
+          seen[i]++;
+    if (!destroyed && pg.nids > 0) {
+      for (int i = 0; i < N; i++)
+        if (seen[i]) {
+          destroy_sync(p, c[i].res.provider_id, &d);
+          assert_int_equal(d.status, 0);
+        }
+      destroyed = 1;
+    }
+    snprintf(cursor, sizeof(cursor), "%s", pg.next);
+    assert_true(pages < 100000);
+  } while (pg.has_next);
+  for (int i = 0; i < N; i++)
+    assert_int_equal(seen[i], 1);
+  assert_true(pages >= (N + 1) / 2);
+
+  /* One page large enough for everything is the last. */
+  page_sync(p, NULL, 10000, &pg);
+  assert_false(pg.has_next);
+
+  for (int i = 0; i < N; i++)
+    destroy_sync(p, c[i].res.provider_id, &d);
+  adapter_free(p);
+  assert_int_equal(sync_calls, 0);
+}
 
 static void test_contract_lifecycle(void **state)
 {
@@ -486,6 +582,7 @@ int main(void)
     sim_url = NULL;
   const struct CMUnitTest contract[] = {
     cmocka_unit_test(test_contract_lifecycle),
+    cmocka_unit_test(test_contract_list_pages),
     cmocka_unit_test(test_contract_bad_args),
     cmocka_unit_test(test_contract_close_inflight),
     cmocka_unit_test(test_contract_concurrent),
