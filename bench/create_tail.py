@@ -10,7 +10,7 @@ lines:
            handed update_run update_ran update_back replied (attempts N)
   [store] batch N at T in W us (cpu C us, runqueue R us)
   [store] sqlite checkpoint at T: ...
-  [reaper] pass at T ended at T2 (N live, trim W us)
+  [reaper] pass at T ended at T2 (N live, trim W us[, longest step S us])
 
 (every time in µs, uv_hrtime; the phases relative to the request's parse)
 and prints, for all creates and for the slowest 1 %, the median time spent
@@ -50,7 +50,8 @@ NAMES = {
 PHASE = re.compile(r"phases (\S+) at (\d+):((?: -?\d+){10})")
 BATCH = re.compile(r"batch (\d+)(?: relaxed)? at (\d+) in (\d+) us \(cpu (\d+) us, runqueue (\d+) us\)")
 CKPT = re.compile(r"sqlite checkpoint at (\d+): (\d+) of (\d+) WAL frames in (\d+) us")
-REAP = re.compile(r"pass at (\d+) ended at (\d+) \((\d+) live, trim (\d+) us\)")
+# "longest step" since the paged pass (engineer "reaper"); -1 in older builds' lines.
+REAP = re.compile(r"pass at (\d+) ended at (\d+) \((\d+) live, trim (\d+) us(?:, longest step (\d+) us)?\)")
 
 
 def parse(path):
@@ -74,7 +75,8 @@ def parse(path):
                 continue
             m = REAP.search(ln)
             if m:
-                passes.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4))))
+                passes.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                               int(m.group(5) or -1)))
     return creates, batches, ckpts, passes
 
 
@@ -115,7 +117,7 @@ def analyse(creates, batches, ckpts, passes, skip_us):
         share = sum(d[i] for d in slow_d) / tot
         out.append("| %s | %d | %d | %.0f | %.0f %% |" % (NAMES[k], sa, ss, ms, 100 * share))
     bigb = [(a, b) for a, b, *_ in batches if b - a > 1000]
-    reap = [(a, b) for a, b, _, _ in passes]
+    reap = [(a, b) for a, b, *_ in passes]
     ck = [(a, b) for a, b in ckpts]
     spans = {"a reaper pass": reap, "a checkpoint": ck, "a store batch > 1 ms": bigb}
     out.append("")
@@ -140,9 +142,10 @@ def analyse(creates, batches, ckpts, passes, skip_us):
             out.append("store batch wall, during a checkpoint / not: mean %.0f / %.0f us, p99 %d / %d us" % (
                 statistics.mean(inb), statistics.mean(outb), sorted(inb)[int(len(inb) * 0.99)],
                 sorted(outb)[int(len(outb) * 0.99)]))
-    for a, b, live, trim in passes:
-        out.append("reaper pass: %d us, %d live, malloc_trim %d us, creates answered during it: %d" % (
-            b - a, live, trim, sum(1 for t, r in creates if a <= t + r[-1] <= b)))
+    for a, b, live, trim, step in passes:
+        out.append("reaper pass: %d us, %d live, malloc_trim %d us, longest step %s, creates answered "
+                   "during it: %d" % (b - a, live, trim, "%d us" % step if step >= 0 else "not stamped",
+                                      sum(1 for t, r in creates if a <= t + r[-1] <= b)))
     return "\n".join(out)
 
 
