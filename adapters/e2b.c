@@ -55,23 +55,41 @@
 #define E2B_MAX_RESPONSE (8u << 20)
 /* list(): pages of 100 (the "&limit=100" below), at most this many. */
 #define E2B_MAX_PAGES 100
+/* list_page(): E2B's own largest page. */
+#define E2B_PAGE_MAX 100
+/* OSR's sandboxes, running or paused; "&limit=N" follows. The metadata
+ * filter is "k=v" URL-encoded as a query value. */
+#define E2B_LIST_TARGET "/v2/sandboxes?metadata=osr.dev%2Fmanaged%3Dtrue&state=running%2Cpaused"
 #define E2B_MANAGED   "osr.dev/managed"
+/* Longest X-Next-Token kept (a list_page() cursor too), NUL included. */
+#define E2B_TOKEN_MAX 512
 
 typedef struct e2b_s e2b_t;
 typedef struct e2b_op_s e2b_op_t;
 
-enum { OP_CREATE, OP_DESTROY, OP_GET, OP_LIST, OP_PAUSE, OP_RESUME, OP_CLEANUP, OP_ADOPT };
+enum {
+  OP_CREATE,
+  OP_DESTROY,
+  OP_GET,
+  OP_LIST,
+  OP_PAUSE,
+  OP_RESUME,
+  OP_CLEANUP,
+  OP_ADOPT,
+  OP_LIST_PAGE
+};
 
 /* The adapter's state of one op (the rest op's user area). */
 struct e2b_op_s {
   osr_rest_op_t *rop;
   e2b_t *e;
   int kind;
-  char next_token[512]; /* X-Next-Token of the last list page */
+  char next_token[E2B_TOKEN_MAX]; /* X-Next-Token of the last list page (list_page: the cursor first) */
   char method[8];
   char target[1024];
   char *body; /* jansson memory (osr_json_free) */
   int pages;
+  int token_too_long; /* the last answer's X-Next-Token did not fit */
   /* create */
   char sid[OSR_NAME_MAX];
   char tenant[OSR_NAME_MAX];
@@ -88,6 +106,7 @@ struct e2b_op_s {
     osr_provider_done_cb done;
     osr_provider_get_cb get;
     osr_provider_list_cb list;
+    osr_provider_list_page_cb list_page;
   } cb;
   void *data;
 };
@@ -469,6 +488,10 @@ static void deliver(osr_rest_op_t *rop, int status)
   case OP_LIST:
     op->cb.list(p, status, ok ? op->list : NULL, ok ? op->nlist : 0, op->data);
     break;
+  case OP_LIST_PAGE:
+    op->cb.list_page(p, status, ok ? op->list : NULL, ok ? op->nlist : 0,
+                     ok && op->next_token[0] != '\0' ? op->next_token : NULL, op->data);
+    break;
   default: /* OP_CLEANUP: internal, nobody waits */
     break;
   }
@@ -691,6 +714,10 @@ static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
     status = j != NULL && take_listed(j, &op->res) >= 0 ? 0 : OSR_PERR_UNAVAILABLE;
   } else if (op->kind == OP_ADOPT) {
     status = j != NULL ? take_adopted(op, j) : OSR_PERR_UNAVAILABLE;
+  } else if (op->kind == OP_LIST_PAGE) {
+    /* on_head took the next page's token; one it could not keep would end
+     * the listing early, and a short listing reads as lost sandboxes. */
+    status = op->token_too_long ? OSR_PERR_UNAVAILABLE : list_page(op, j);
   } else if (op->kind == OP_LIST) {
     status = list_page(op, j);
     if (status == 0 && op->next_token[0] != '\0') {
@@ -712,9 +739,13 @@ static void on_head(osr_rest_op_t *rop, int status, const osr_http_header_t *h, 
   e2b_op_t *op = osr_rest_user(rop);
   (void)status;
   op->next_token[0] = '\0';
+  op->token_too_long = 0;
   for (size_t i = 0; i < nh; i++) {
-    if (h[i].name.len == 12 && memcmp(h[i].name.base, "x-next-token", 12) == 0 &&
-        h[i].value.len < sizeof(op->next_token)) {
+    if (h[i].name.len == 12 && memcmp(h[i].name.base, "x-next-token", 12) == 0) {
+      if (h[i].value.len >= sizeof(op->next_token)) {
+        op->token_too_long = 1;
+        continue;
+      }
       memcpy(op->next_token, h[i].value.base, h[i].value.len);
       op->next_token[h[i].value.len] = '\0';
     }
@@ -726,7 +757,7 @@ static void on_head(osr_rest_op_t *rop, int status, const osr_http_header_t *h, 
 static void op_send(e2b_op_t *op)
 {
   char target[sizeof(op->target) + 600];
-  if (op->kind == OP_LIST && op->next_token[0] != '\0') {
+  if ((op->kind == OP_LIST || op->kind == OP_LIST_PAGE) && op->next_token[0] != '\0') {
     /* X-Next-Token is opaque: percent-encode all but unreserved chars. */
     size_t n = (size_t)snprintf(target, sizeof(target), "%s&nextToken=", op->target);
     for (const char *s = op->next_token; *s != '\0' && n + 4 < sizeof(target); s++) {
@@ -803,9 +834,7 @@ static int start_simple(osr_provider_t *p, int kind, const char *provider_id, vo
     }
     break;
   default:
-    /* The metadata filter is "k=v" URL-encoded as a query value. */
-    set_target(op, "GET", "/v2/sandboxes?metadata=osr.dev%2Fmanaged%3Dtrue&state=running%2Cpaused",
-               NULL, "&limit=100");
+    set_target(op, "GET", E2B_LIST_TARGET, NULL, "&limit=100");
     break;
   }
   op_send(op);
@@ -905,6 +934,25 @@ static int e2b_list(osr_provider_t *p, osr_provider_list_cb cb, void *data)
   return start_simple(p, OP_LIST, NULL, (void *)cb, data);
 }
 
+/* One GET /v2/sandboxes page: the cursor is E2B's X-Next-Token. */
+static int e2b_list_page(osr_provider_t *p, const char *cursor, size_t limit,
+                         osr_provider_list_page_cb cb, void *data)
+{
+  e2b_t *e = p->impl;
+  if (e == NULL || e->closing)
+    return OSR_ECLOSED;
+  if (cb == NULL || limit == 0 || (cursor != NULL && strlen(cursor) >= E2B_TOKEN_MAX))
+    return OSR_EINVAL;
+  e2b_op_t *op = op_new(e, OP_LIST_PAGE, data);
+  op->cb.list_page = cb;
+  char tail[32];
+  snprintf(tail, sizeof(tail), "&limit=%zu", limit < E2B_PAGE_MAX ? limit : (size_t)E2B_PAGE_MAX);
+  set_target(op, "GET", E2B_LIST_TARGET, NULL, tail);
+  snprintf(op->next_token, sizeof(op->next_token), "%s", cursor != NULL ? cursor : "");
+  op_send(op);
+  return 0;
+}
+
 static int e2b_pause(osr_provider_t *p, const char *id, osr_provider_done_cb cb, void *data)
 {
   return start_simple(p, OP_PAUSE, id, (void *)cb, data);
@@ -974,6 +1022,7 @@ const osr_adapter_t osr_adapter_e2b = {
     .destroy = e2b_destroy,
     .get = e2b_get,
     .list = e2b_list,
+    .list_page = e2b_list_page,
     .pause = e2b_pause,
     .resume = e2b_resume,
     .close = e2b_close,

@@ -222,7 +222,7 @@ typedef struct osr_adapter_s {
    *  one page at a time, so that a caller walking many thousands of
    *  resources never holds the loop thread for the whole list (the reaper
    *  uses it when present). `cursor` is NULL for the first page, then the
-   *  `next` of the page before (an opaque string of at most 255 bytes);
+   *  `next` of the page before (an opaque string of at most 511 bytes);
    *  `limit` (>= 1) bounds the resources of one page, which may hold fewer
    *  (even none) without being the last. Every resource that exists from the
    *  first page's call to the last page's answer is in exactly one page;

@@ -110,7 +110,7 @@ struct osr_reaper_s {
   uint64_t pages, yields;      /* provider pages and scan yields of this pass */
   uint64_t max_step_us;        /* longest step of this pass (trace line) */
   uint64_t counts[STATE_SLOTS];
-  char cursor[256];
+  char cursor[512];            /* a store page's, then a provider page's */
   size_t xi;                   /* expiry scan */
   const char *reason;          /* "ttl" | "idle" for xi */
   osr_binding_t cur;           /* fresh copy being acted on */
