@@ -84,7 +84,8 @@ struct e2b_op_s {
   osr_rest_op_t *rop;
   e2b_t *e;
   int kind;
-  char next_token[E2B_TOKEN_MAX]; /* X-Next-Token of the last list page (list_page: the cursor first) */
+  char next_token[E2B_TOKEN_MAX]; /* X-Next-Token of the last list page (list_page: the cursor
+                                     first) */
   char method[8];
   char target[1024];
   char *body; /* jansson memory (osr_json_free) */

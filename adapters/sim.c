@@ -889,8 +889,8 @@ static void run_local(sim_op_t *op)
     }
     break;
   case OP_LIST_PAGE: {
-    size_t first, end = page_bounds(s, op->after, op->limit, &first, op->page_next,
-                               sizeof(op->page_next));
+    size_t first,
+        end = page_bounds(s, op->after, op->limit, &first, op->page_next, sizeof(op->page_next));
     if (end > first) {
       op->list = osr_try_malloc((end - first) * sizeof(*op->list));
       if (op->list == NULL) {
@@ -978,7 +978,8 @@ static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len
   } else if (c->kind == OP_LIST || c->kind == OP_LIST_PAGE) {
     json_t *arr = j != NULL ? json_object_get(j, "resources") : NULL;
     size_t n = json_array_size(arr);
-    if (!json_is_array(arr) || (c->kind == OP_LIST_PAGE && (n > c->limit || !read_page_next(j, c)))) {
+    if (!json_is_array(arr) ||
+        (c->kind == OP_LIST_PAGE && (n > c->limit || !read_page_next(j, c)))) {
       status = OSR_PERR_UNAVAILABLE;
     } else if (n > 0) {
       c->list = osr_try_malloc(n * sizeof(*c->list));

@@ -59,8 +59,8 @@
 #define PAGE 500
 #define MAX_LIVE 200000
 #define STATE_SLOTS 8
-#define CHUNK 1024         /* snapshot entries per block */
-#define SCAN_STEP 4096     /* snapshot entries examined per loop turn */
+#define CHUNK         1024 /* snapshot entries per block */
+#define SCAN_STEP     4096 /* snapshot entries examined per loop turn */
 #define PROVIDER_PAGE 256  /* resources per list_page() call */
 
 typedef struct live_s {
@@ -90,9 +90,9 @@ typedef struct once_s {
 struct osr_reaper_s {
   osr_gw_t *gw;
   uv_timer_t timer;
-  uv_timer_t step;             /* a pass's next step, on a later loop turn */
+  uv_timer_t step; /* a pass's next step, on a later loop turn */
   void (*resume)(osr_reaper_t *r);
-  int handles;                 /* open uv handles; r is freed at 0 */
+  int handles; /* open uv handles; r is freed at 0 */
   int running, stopping, again;
   void (*stop_cb)(void *data);
   void *stop_data;
@@ -105,10 +105,10 @@ struct osr_reaper_s {
   uint64_t pass_t0_us;         /* uv_hrtime of the pass's start, for the trace line */
   live_t **chunk;              /* the snapshot: entry i is chunk[i / CHUNK][i % CHUNK] */
   size_t nlive, nchunk_cap;
-  uint32_t *index;             /* open addressing over ids: entry + 1, 0 = empty */
-  size_t index_cap;            /* 0 or a power of two > 2 * nlive */
-  uint64_t pages, yields;      /* provider pages and scan yields of this pass */
-  uint64_t max_step_us;        /* longest step of this pass (trace line) */
+  uint32_t *index;        /* open addressing over ids: entry + 1, 0 = empty */
+  size_t index_cap;       /* 0 or a power of two > 2 * nlive */
+  uint64_t pages, yields; /* provider pages and scan yields of this pass */
+  uint64_t max_step_us;   /* longest step of this pass (trace line) */
   uint64_t counts[STATE_SLOTS];
   char cursor[512];            /* a store page's, then a provider page's */
   size_t xi;                   /* expiry scan */
@@ -578,8 +578,7 @@ static void provider_failed(osr_reaper_t *r, osr_provider_t *p, int status)
 
 /* Match listed resources against the snapshot now, while `res` is valid;
  * keep the rest (appended to r->res across pages). */
-static void match_resources(osr_reaper_t *r, osr_provider_t *p, const osr_resource_t *res,
-                            size_t n)
+static void match_resources(osr_reaper_t *r, osr_provider_t *p, const osr_resource_t *res, size_t n)
 {
   uint64_t t0 = step_begin();
   for (size_t i = 0; i < n; i++) {
@@ -737,8 +736,8 @@ static void pass_end(osr_reaper_t *r, int status)
                 "pass at %" PRIu64 " ended at %" PRIu64 " (%zu live, trim %" PRIu64
                 " us, longest step %" PRIu64 " us)",
                 r->pass_t0_us, t_trim, nlive, uv_hrtime() / 1000 - t_trim, r->max_step_us);
-  OSR_LOG_DEBUG(MOD, "pass: %zu live, %" PRIu64 " provider pages, %" PRIu64 " scan yields",
-                nlive, r->pages, r->yields);
+  OSR_LOG_DEBUG(MOD, "pass: %zu live, %" PRIu64 " provider pages, %" PRIu64 " scan yields", nlive,
+                r->pages, r->yields);
   osr_binding_dispose(&r->cur);
   osr_binding_init(&r->cur);
   r->running = 0;

@@ -581,12 +581,9 @@ int main(void)
   if (sim_url != NULL && sim_url[0] == '\0')
     sim_url = NULL;
   const struct CMUnitTest contract[] = {
-    cmocka_unit_test(test_contract_lifecycle),
-    cmocka_unit_test(test_contract_list_pages),
-    cmocka_unit_test(test_contract_bad_args),
-    cmocka_unit_test(test_contract_close_inflight),
-    cmocka_unit_test(test_contract_concurrent),
-    cmocka_unit_test(test_contract_reconnect),
+      cmocka_unit_test(test_contract_lifecycle),  cmocka_unit_test(test_contract_list_pages),
+      cmocka_unit_test(test_contract_bad_args),   cmocka_unit_test(test_contract_close_inflight),
+      cmocka_unit_test(test_contract_concurrent), cmocka_unit_test(test_contract_reconnect),
   };
   const struct CMUnitTest local[] = {
     cmocka_unit_test(test_failure_rate_all),
