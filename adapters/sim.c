@@ -860,7 +860,10 @@ static void on_create_latency(sim_op_t *op)
 static void run_local(sim_op_t *op)
 {
   sim_t *s = op->sim;
-  sim_res_t *r = find_res(s, op->provider_id);
+  /* Only the ops on one resource look it up (a scan of the table: a list
+   * page must not cost O(resources)). */
+  sim_res_t *r =
+      op->kind == OP_DESTROY || op->kind == OP_GET ? find_res(s, op->provider_id) : NULL;
   switch (op->kind) {
   case OP_DESTROY:
     if (r == NULL) {
