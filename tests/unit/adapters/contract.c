@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "contract.h"
@@ -55,6 +56,25 @@ void on_list(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
       r->found_state = res[i].state;
     }
   }
+}
+
+void on_page(osr_provider_t *p, int status, const osr_resource_t *res, size_t n, const char *next,
+             void *data)
+{
+  page_t *pg = data;
+  (void)p;
+  note_call(&pg->r, status);
+  pg->n = n;
+  pg->nids = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (pg->nids == 32 ||
+        (pg->prefix != NULL && strncmp(res[i].sandbox_id, pg->prefix, strlen(pg->prefix)) != 0))
+      continue;
+    snprintf(pg->sandbox_ids[pg->nids], sizeof(pg->sandbox_ids[0]), "%s", res[i].sandbox_id);
+    snprintf(pg->provider_ids[pg->nids++], sizeof(pg->provider_ids[0]), "%s", res[i].provider_id);
+  }
+  pg->has_next = next != NULL;
+  snprintf(pg->next, sizeof(pg->next), "%s", next != NULL ? next : "");
 }
 
 static void on_tick(uv_timer_t *t)

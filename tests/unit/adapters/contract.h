@@ -35,6 +35,20 @@ void note_call(res_t *r, int status);
 void on_create(osr_provider_t *p, int status, const osr_resource_t *res, void *data);
 void on_done(osr_provider_t *p, int status, void *data);
 void on_list(osr_provider_t *p, int status, const osr_resource_t *res, size_t n, void *data);
+/* One list_page() answer: the ids of what it held (those whose sandbox id
+ * starts with `prefix`, or all if it is NULL; at most 32) and its next cursor. */
+typedef struct page_s {
+  res_t r;
+  const char *prefix;
+  char sandbox_ids[32][80];
+  char provider_ids[32][128];
+  size_t n, nids;
+  char next[512];
+  int has_next;
+} page_t;
+/* The list_page callback; data = page_t (prefix kept, the rest reset). */
+void on_page(osr_provider_t *p, int status, const osr_resource_t *res, size_t n, const char *next,
+             void *data);
 /* Run the loop until *flag becomes non-zero or `ms` pass (bounded). */
 void run_until(const int *flag, uint64_t ms);
 /* The close callback: counts into `closed` (checks it ran later). */

@@ -333,28 +333,6 @@ static void create_sync(osr_provider_t *p, const char *id, res_t *r)
   assert_int_equal(r->calls, 1);
 }
 
-/* One list_page() answer. */
-typedef struct page_s {
-  res_t r;
-  char ids[16][128];
-  size_t n;
-  char next[512];
-  int has_next;
-} page_t;
-
-static void on_page(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
-                    const char *next, void *data)
-{
-  page_t *pg = data;
-  (void)p;
-  note_call(&pg->r, status);
-  pg->n = n;
-  for (size_t i = 0; i < n && i < 16; i++)
-    snprintf(pg->ids[i], sizeof(pg->ids[i]), "%s", res[i].provider_id);
-  pg->has_next = next != NULL;
-  snprintf(pg->next, sizeof(pg->next), "%s", next != NULL ? next : "");
-}
-
 #define SIMPLE_SYNC(call, r)                                                                       \
   do {                                                                                             \
     memset((r), 0, sizeof(*(r)));                                                                  \
@@ -455,14 +433,15 @@ static void test_contract_lifecycle(void **state)
    * cursor. */
   int pages_before = fake.n_list_pages, pages = 0;
   size_t total = 0;
-  page_t pg;
+  page_t pg = {.prefix = NULL};
   char cursor[512] = "";
   assert_int_equal(p->adapter->list_page(p, NULL, 0, on_page, &pg), OSR_EINVAL);
   do {
     SIMPLE_SYNC(p->adapter->list_page(p, cursor[0] ? cursor : NULL, 100, on_page, &pg), &pg.r);
     assert_int_equal(pg.r.status, 0);
-    for (size_t i = 0; i < pg.n; i++)
-      assert_string_not_equal(pg.ids[i], "sbx4");
+    assert_int_equal(pg.nids, pg.n);
+    for (size_t i = 0; i < pg.nids; i++)
+      assert_string_not_equal(pg.provider_ids[i], "sbx4");
     total += pg.n;
     pages++;
     snprintf(cursor, sizeof(cursor), "%s", pg.next);

@@ -130,31 +130,6 @@ static const char *uid(const char *base)
   return b;
 }
 
-/* One list_page() answer: what it held of ours (ids starting with `prefix`). */
-typedef struct page_s {
-  res_t r;
-  const char *prefix;
-  char ids[32][80];
-  size_t nids, n;
-  char next[256];
-  int has_next;
-} page_t;
-
-static void on_page(osr_provider_t *p, int status, const osr_resource_t *res, size_t n,
-                    const char *next, void *data)
-{
-  page_t *pg = data;
-  (void)p;
-  note_call(&pg->r, status);
-  pg->n = n;
-  pg->nids = 0;
-  for (size_t i = 0; i < n; i++)
-    if (strncmp(res[i].sandbox_id, pg->prefix, strlen(pg->prefix)) == 0 && pg->nids < 32)
-      snprintf(pg->ids[pg->nids++], sizeof(pg->ids[0]), "%s", res[i].sandbox_id);
-  pg->has_next = next != NULL;
-  snprintf(pg->next, sizeof(pg->next), "%s", next != NULL ? next : "");
-}
-
 static void page_sync(osr_provider_t *p, const char *cursor, size_t limit, page_t *pg)
 {
   const char *prefix = pg->prefix;
@@ -193,13 +168,13 @@ static void test_contract_list_pages(void **state)
    * ours: nothing later may be skipped for it. */
   int seen[N] = {0}, pages = 0, destroyed = 0;
   page_t pg = {.prefix = prefix};
-  char cursor[256] = "";
+  char cursor[512] = "";
   do {
     page_sync(p, cursor[0] ? cursor : NULL, 2, &pg);
     pages++;
     for (size_t k = 0; k < pg.nids; k++)
       for (int i = 0; i < N; i++)
-        if (strcmp(pg.ids[k], ids[i]) == 0)
+        if (strcmp(pg.sandbox_ids[k], ids[i]) == 0)
           seen[i]++;
     if (!destroyed && pg.nids > 0) {
       for (int i = 0; i < N; i++)
