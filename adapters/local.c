@@ -344,7 +344,9 @@ static int path_traversable(const char *path)
   }
 }
 
-/* rm -rf without following symlinks, bounded depth (worker). */
+/* rm -rf without following symlinks or crossing a mount point (a bind
+ * mount that failed to come off, e.g. the host's /usr under rootfs/),
+ * bounded depth (worker). */
 static void rm_rf_at(int dfd, const char *name, int depth)
 {
   if (depth > 64)
@@ -354,6 +356,11 @@ static void rm_rf_at(int dfd, const char *name, int depth)
   int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0)
     return;
+  struct stat up, st;
+  if (fstat(dfd, &up) != 0 || fstat(fd, &st) != 0 || up.st_dev != st.st_dev) {
+    close(fd);
+    return;
+  }
   DIR *d = fdopendir(fd);
   if (d == NULL) {
     close(fd);
@@ -831,7 +838,8 @@ static int write_bundle(const lop_t *op)
   json_array_append_new(mounts, json_pack("{s:s, s:s, s:s, s:[s,s]}", "destination", (dst),         \
                                           "type", (type), "source", (src), "options", (o1), (o2)))
   char rw[L_PATH + 32], b[L_PATH + 32];
-  MNT("/usr", "bind", "/usr", "rbind", "ro");
+  /* /usr is not a runsc mount: prep_work binds it into rootfs/ on the host,
+   * so that it is part of gVisor's root mount (see bind_usr). */
   fmt(rw, sizeof(rw), "%s/rw/etc", sb->dir);
   MNT("/etc", "bind", rw, "rbind", "rw");
   static const char *const etc_ro[] = {"/etc/alternatives", "/etc/ssl", "/etc/ca-certificates",
@@ -906,6 +914,29 @@ static int write_bundle(const lop_t *op)
   return rv;
 }
 
+/* gVisor: bind the host's /usr read-only onto rootfs/usr (worker). A runsc
+ * bind mount ("volume") is served with --file-access-mounts=shared: the
+ * sentry revalidates every path component with the gofer on each lookup,
+ * ~20 gofer round trips per exec of /bin/sh (its path, ld.so, libc). Inside
+ * the root mount the same tree is cached (exclusive, the root's default):
+ * the host's /usr is not written while a sandbox runs (a package upgrade is
+ * seen by sandboxes booted after it). The writable mounts stay shared
+ * volumes: the host reads and writes them while the sandbox runs
+ * (snapshots, the token). clean_work unmounts it. */
+static int bind_usr(const lsb_t *sb)
+{
+  char path[L_PATH + 32];
+  fmt(path, sizeof(path), "%s/rootfs/usr", sb->dir);
+  if (mount("/usr", path, NULL, MS_BIND | MS_REC, NULL) != 0)
+    return -errno;
+  if (mount(NULL, path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) != 0) {
+    int e = -errno;
+    umount2(path, MNT_DETACH);
+    return e;
+  }
+  return 0;
+}
+
 /* Create the sandbox's directories, writable layer, token and cgroups
  * (worker). Everything created here is removed by clean_work. */
 static void prep_work(uv_work_t *w)
@@ -970,7 +1001,8 @@ static void prep_work(uv_work_t *w)
   } else {
     /* runsc makes /osr/<id> itself; on v2 its parent must exist with the
      * controllers enabled for it. */
-    if ((rv = osr__lcg_parent(&lp->cg)) != 0 || (rv = write_bundle(op)) != 0)
+    if ((rv = osr__lcg_parent(&lp->cg)) != 0 || (rv = write_bundle(op)) != 0 ||
+        (rv = bind_usr(sb)) != 0)
       goto out;
   }
   rv = write_meta(sb);
@@ -992,6 +1024,10 @@ static void clean_work(uv_work_t *w)
   osr__lcg_remove(&op->lp->cg, sb->id);
   fmt(path, sizeof(path), "%s/rw", sb->dir);
   umount2(path, MNT_DETACH);
+  if (sb->iso == OSR_ISO_GVISOR) {
+    fmt(path, sizeof(path), "%s/rootfs/usr", sb->dir);
+    umount2(path, MNT_DETACH);
+  }
   /* The state dir is ours; remove the meta file last so that a crash in
    * between leaves a record list() can still find and destroy. */
   int dfd = open(sb->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -347,6 +347,31 @@ class Gvisor(ExecMixin, Base):
         self.assertIn(b"gVisor", out)
         self.assertEqual(d.call("destroy", provider_id=sb.id)["status"], "ok")
 
+    def test_usr_is_in_the_read_only_root(self):
+        # /usr is bound into the bundle's rootfs on the host (cached by the
+        # sentry as part of the root mount), not a runsc bind mount: no
+        # mount of its own inside, read-only, the host's files.
+        d = self.driver()
+        sb = self.create(d)
+        mnt = os.path.join(self.state, sb.id, "rootfs", "usr")
+        with open("/proc/self/mountinfo") as f:
+            self.assertIn(" %s " % mnt, f.read())
+        code, out, _ = sb.start("awk '{print $2}' /proc/mounts; touch /usr/x 2>/dev/null; "
+                                "echo touch=$?; test -x /usr/bin/python3 && echo py; "
+                                "touch /tmp/y && echo tmp-ok")
+        self.assertEqual(code, 0)
+        lines = out.split()
+        self.assertIn(b"/", lines)
+        self.assertNotIn(b"/usr", lines)
+        self.assertIn(b"touch=1", lines)
+        self.assertIn(b"py", lines)
+        self.assertIn(b"tmp-ok", lines)
+        self.assertFalse(os.path.exists("/usr/x"))
+        self.assertEqual(d.call("destroy", provider_id=sb.id)["status"], "ok")
+        with open("/proc/self/mountinfo") as f:
+            self.assertNotIn(os.path.join(self.state, sb.id), f.read())
+        self.assertTrue(os.path.exists("/usr/bin/python3"))  # the host's /usr is untouched
+
 
 class Lifecycle(Base):
     CLASS = "container"
