@@ -75,4 +75,9 @@ void osr__agent_child_detach(agent_child_t *c);
  * uv_loop_close). Children still unreaped are left to the parent's init. */
 void osr__agent_spawn_close(void);
 
+/** Put the dispositions of the real-time signals (34..64) back to the
+ * default. Called once at start-up, before any thread: the child of a
+ * spawn resets only signals 1..33 (the agent never handles the others). */
+void osr__agent_spawn_init_signals(void);
+
 #endif

@@ -753,6 +753,26 @@ class Spawn(unittest.TestCase):
         _, out, _, end, _, _ = collect_process(start_sh(self.agent, "yes | head -c 3"))
         self.assertEqual(out, b"y\ny")
 
+    def test_inherited_ignored_signals_not_passed_on(self):
+        # An agent started with signals ignored (inherited across exec: a
+        # standard one and real-time ones, which the spawn child does not
+        # reset itself: start-up puts those back) gives its commands none.
+        rt = [signal.SIGRTMIN + 6, signal.SIGRTMAX]
+        old = {s: signal.signal(s, signal.SIG_IGN) for s in [signal.SIGHUP] + rt}
+        try:
+            agent = Agent()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        with agent:
+            with open("/proc/%d/status" % agent.proc.p.pid) as f:
+                ign = [l for l in f if l.startswith("SigIgn:")][0]
+            self.assertNotEqual(int(ign.split()[1], 16) & (1 << (signal.SIGHUP - 1)), 0, ign)
+            _, out, _, _, _, _ = collect_process(start_sh(
+                agent, "grep -E '^(SigIgn|SigBlk)' /proc/self/status"))
+            lines = out.decode().split("\n")[:2]
+            self.assertEqual([int(l.split()[1], 16) for l in lines], [0, 0], out)
+
     def test_many_concurrent(self):
         # 40 at once: every exit reaches its own process (one SIGCHLD may
         # stand for several exits).
