@@ -73,6 +73,15 @@
  * within boot_timeout_ms next to a busy sandbox, and uses all idle CPU. */
 #define L_POOL_CPU_SHARES 128u
 #define L_CPU_SHARES 1024u
+/* A gVisor refill's `runsc run` process is not in the sandbox's cgroup
+ * (runsc makes it, and starts the gofer and the sandbox in it): its Go
+ * start-up, spec load and cgroup set-up ran at full weight in the gateway's
+ * cgroup, next to the first commands of the sandbox just handed out. It
+ * runs under `nice -n 19` (weight 15 of 1024); the gofer and the sandbox
+ * inherit that, which changes nothing inside their own cgroup (its
+ * cpu.shares are the group's weight; nice only orders tasks of one group),
+ * and nothing a user of the sandbox sees (gVisor emulates nice). */
+#define L_NICE_PATH "/usr/bin/nice"
 
 typedef struct lp_s lp_t;
 typedef struct lsb_s lsb_t;
@@ -198,6 +207,7 @@ struct lp_s {
   /* host capabilities, probed at init */
   osr__lcg_t cg;
   int can_mount;
+  int can_nice; /* L_NICE_PATH is executable (checked at init) */
   unsigned char bpf[2048];
   size_t bpf_len;
   /* state */
@@ -1238,11 +1248,17 @@ static void runsc_base(const lp_t *lp, char **a, int *n, char *rootarg, size_t r
   a[(*n)++] = "--host-uds=create";
 }
 
-/* runsc <verb> [args] <id> */
+/* runsc <verb> [args] <id>; a warm-pool sandbox's `run` under nice (see
+ * L_NICE_PATH). */
 static int op_runsc(lop_t *op, const char *verb, const char *a1, const char *a2)
 {
-  char *a[16], rootarg[L_PATH], platarg[64], bundle[L_PATH + 16], pidf[L_PATH + 16];
+  char *a[20], rootarg[L_PATH], platarg[64], bundle[L_PATH + 16], pidf[L_PATH + 16];
   int n = 0;
+  if (op->sb->warm && strcmp(verb, "run") == 0 && op->lp->can_nice) {
+    a[n++] = L_NICE_PATH;
+    a[n++] = "-n";
+    a[n++] = "19";
+  }
   runsc_base(op->lp, a, &n, rootarg, sizeof(rootarg), platarg, sizeof(platarg));
   a[n++] = (char *)verb;
   if (strcmp(verb, "run") == 0) {
@@ -2151,6 +2167,7 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
                  p->name, lp->cg.note);
   }
   lp->can_mount = geteuid() == 0;
+  lp->can_nice = access(L_NICE_PATH, X_OK) == 0;
   lp->bpf_len = osr__local_seccomp_bpf(lp->bpf, sizeof(lp->bpf));
   if (lp->bpf_len == 0) {
     fmt(err, errlen, "internal: seccomp program too large");

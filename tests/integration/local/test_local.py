@@ -699,6 +699,29 @@ class WarmPool(Base):
             self.skipTest("gvisor class: " + why)
         self.run_warm("gvisor")
 
+    def test_gvisor_pool_boots_niced(self):
+        # A pool sandbox's `runsc run` runs under nice 19 (its gofer and
+        # sandbox processes inherit it); a cold one's at the normal 0.
+        why = runtime_problem("gvisor")
+        if why:
+            self.skipTest("gvisor class: " + why)
+        if not os.access("/usr/bin/nice", os.X_OK):
+            self.skipTest("no /usr/bin/nice")
+        d = self.driver(warm_pool={"gvisor": 1})
+        warm = self.wait_warm("gvisor")
+        a = d.call("create", **{"class": "gvisor", "sandbox_id": "c1"})  # no token: always cold
+        self.assertEqual(a["status"], "ok", a)
+        cold = a["resource"]["provider_id"]
+        self.made.append(cold)
+
+        def nices(pid_dir):
+            out = subprocess.run(["ps", "-eo", "ni=,args="], capture_output=True, text=True).stdout
+            return sorted({ln.split()[0] for ln in out.splitlines()
+                           if "runsc-sandbox" in ln and "/" + pid_dir + " " in ln + " "})
+        self.assertEqual(nices(warm), ["19"])
+        self.assertEqual(nices(cold), ["0"])
+        self.assertEqual(d.call("destroy", provider_id=cold)["status"], "ok")
+
 
 if __name__ == "__main__":
     osrtest.run()
