@@ -124,7 +124,7 @@ typedef enum {
 /* Steps of the op state machine (op_next). */
 typedef enum {
   S_PREP, S_UNTAR, S_SPAWN, S_RUNSC_RUN, S_READ_PID, S_PROBE, S_META,
-  S_HANDOFF_WRITE, S_HANDOFF_INIT,
+  S_HANDOFF_WRITE, S_HANDOFF_JOIN,
   S_KILL_RUNSC, S_DELETE_RUNSC, S_CLEAN, S_UNLIST,
   S_CHECK, S_SCAN, S_FREEZE, S_RUNSC_PAUSE, S_TAR, S_DONE,
 } lop_step_t;
@@ -1635,6 +1635,10 @@ static void op_next(lop_t *op)
 
   if (op->delivered)
     return;
+  /* A handoff's job and POST /init run at once: act (on a failure too)
+   * only when both have finished. */
+  if (op->step == S_HANDOFF_JOIN && op->pending > 0)
+    return;
   /* A create whose teardown already ran (or that failed while being torn
    * down) only has to answer. */
   if (op->status != 0 && (op->kind == K_CREATE || op->kind == K_POOL) && sb->doomed &&
@@ -1770,15 +1774,19 @@ static void op_next(lop_t *op)
     rv = op_work(op, meta_work);
     break;
   case S_HANDOFF_WRITE:
-    op->step = S_HANDOFF_INIT;
-    rv = op_work(op, handoff_work);
-    break;
-  case S_HANDOFF_INIT:
+    /* The thread-pool job (cpu.shares, token file, meta.json) and POST
+     * /init at once: neither needs the other, and the create answers when
+     * both are done (S_HANDOFF_JOIN); in sequence a gVisor handoff waited
+     * for the job's two thread hops before the agent saw /init. */
     op->tspawn_ns = uv_hrtime();
-    op->step = S_DONE;
+    op->step = S_HANDOFF_JOIN;
     op->spawn_exit = -1;
     op_probe(op, "POST", "/init", op->old_token, op->init_json);
-    return;
+    rv = op_work(op, handoff_work);
+    break;
+  case S_HANDOFF_JOIN:
+    op->step = S_DONE; /* both pieces are done (the top of op_next) */
+    break;
   case S_KILL_RUNSC:
     op->step = S_DELETE_RUNSC;
     rv = op_runsc(op, "kill", "--all", "KILL");
@@ -1879,9 +1887,10 @@ static void op_next(lop_t *op)
         start_destroy_steps(op);
         return;
       }
-      OSR_LOG_DEBUG(MOD, "%s: handed out from the pool in %.1f ms (token + meta %.1f ms, "
-                    "POST /init %.1f ms)", sb->id, (uv_hrtime() - op->t0_ns) / 1e6,
-                    (op->tspawn_ns - op->t0_ns) / 1e6, (uv_hrtime() - op->tspawn_ns) / 1e6);
+      OSR_LOG_DEBUG(MOD,
+                    "%s: handed out from the pool in %.1f ms (token + meta with POST "
+                    "/init: %.1f ms)",
+                    sb->id, (uv_hrtime() - op->t0_ns) / 1e6, (uv_hrtime() - op->tspawn_ns) / 1e6);
     }
     if (op->kind == K_POOL) {
       lp->pools[pool_idx(sb->iso)].filling--;
