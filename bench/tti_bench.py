@@ -6,7 +6,7 @@ a burst of concurrent creates. Reports median, p95, p99 and success rate.
 
   bench/tti_bench.py --build build-release [--classes container,gvisor]
                      [-n 100] [--burst 100] [--warm N] [--repeat R]
-                     [--client-cpu C]
+                     [--client-cpu C] [--breakdown]
   bench/tti_bench.py --build B --classes gvisor --exec-ab AGENT1,AGENT2 -n 60
 
 --exec-ab compares osr-agent binaries on the exec path alone: one running
@@ -18,6 +18,12 @@ With --repeat R every (class, pool, run) is measured R times, interleaved
 (all classes and modes once, then again), and the table reports the median
 of the R p50/p95/p99 values with the range of the p50s: on a shared machine
 one run's median moves by +-30 % with the load, which is printed per run.
+--breakdown adds, per sequential row, the p50 of each part of a sample:
+the create's answer, connect, request -> response headers (the agent sends
+them once the command's exec returned), headers -> first byte; then, in the
+same sandbox, the same command again and the exec of a static binary (the
+agent's own --version): the measured floor of an exec there. The extra
+execs come after the TTI sample is taken.
 --client-cpu pins this process (the client side: the JSON pipe to the
 driver, the HTTP client) to one CPU, as `taskset -c C` would; the driver and
 the sandboxes it starts are not pinned (pinning would change what a sandbox
@@ -49,17 +55,24 @@ def pct(xs, p):
     return xs[k]
 
 
-def first_byte(sb):
-    """Start `echo ready` and return when the first output byte arrives."""
+def first_byte(sb, cmd="/bin/sh", args=("-c", "echo ready"), parts=None):
+    """Start `echo ready` and return when the first output byte arrives.
+    With `parts` (a list), append the ms of: connect, request -> response
+    headers (the agent answers once the command's exec returned), headers ->
+    first output byte."""
     import base64
     import struct
     import test_local as T
     c = T.UnixHTTP(sb.sock, timeout=60)
-    body = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "echo ready"]}}).encode()
+    t0 = time.perf_counter()
+    c.connect()
+    t1 = time.perf_counter()
+    body = json.dumps({"process": {"cmd": cmd, "args": list(args)}}).encode()
     c.request("POST", "/process.Process/Start", body=struct.pack(">BI", 0, len(body)) + body,
               headers={"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1",
                        "X-Access-Token": sb.token})
     r = c.getresponse()
+    t2 = time.perf_counter()
     ok = False
     while r.status == 200:
         h = r.read(5)
@@ -74,28 +87,52 @@ def first_byte(sb):
             ok = True
             break
     c.close()
+    if parts is not None:
+        t3 = time.perf_counter()
+        parts.extend([(t1 - t0) * 1000.0, (t2 - t1) * 1000.0, (t3 - t2) * 1000.0])
     return ok
 
 
-def one(d, cls, results, lock):
+# --breakdown columns: the create's answer, then first_byte's parts, then the
+# same command again, then a static binary's exec (the agent's own --version):
+# what an exec costs in that sandbox once its caches are warm, and its floor.
+PARTS = ["create", "connect", "to headers", "to byte", "2nd sh", "static"]
+
+
+def one(d, cls, results, lock, breakdown=None):
     import test_local as T
     tok = "tok-" + os.urandom(8).hex()
     t0 = time.perf_counter()
     a = d.call("create", timeout=120, **{"class": cls, "sandbox_id": "b-" + os.urandom(4).hex(),
                                          "token": tok})
+    parts = [(time.perf_counter() - t0) * 1000.0]
     ok = False
     if a["status"] == "ok":
         sb = T.Sandbox(a["resource"], tok)
         try:
-            ok = first_byte(sb)
+            ok = first_byte(sb, parts=parts)
         except Exception:  # noqa: BLE001 - a failed sample is counted, not fatal
             ok = False
     ms = (time.perf_counter() - t0) * 1000.0
+    if ok and breakdown is not None:
+        for cmd, args in (("/bin/sh", ("-c", "echo ready")), ("/opt/osr/osr-agent", ("--version",))):
+            time.sleep(0.02)
+            t = time.perf_counter()
+            first_byte(sb, cmd, args)
+            parts.append((time.perf_counter() - t) * 1000.0)
+        with lock:
+            breakdown.append(parts)
     with lock:
         results.append((ok, ms, a.get("status"), a.get("resource", {}).get("provider_id")))
 
 
-def run(d, cls, n, concurrent):
+def print_breakdown(cls, mode, rows):
+    cols = list(zip(*rows))
+    print("  breakdown %s %s (n=%d, p50 ms): %s" % (cls, mode, len(rows), ", ".join(
+        "%s %.2f" % (name, statistics.median(c)) for name, c in zip(PARTS, cols))), flush=True)
+
+
+def run(d, cls, n, concurrent, breakdown=None):
     results, lock = [], threading.Lock()
     if concurrent:
         ts = [threading.Thread(target=one, args=(d, cls, results, lock)) for _ in range(n)]
@@ -105,7 +142,7 @@ def run(d, cls, n, concurrent):
             t.join(300)
     else:
         for _ in range(n):
-            one(d, cls, results, lock)
+            one(d, cls, results, lock, breakdown)
     for _, _, _, pid in results:
         if pid:
             d.call("destroy", provider_id=pid, timeout=120)
@@ -202,6 +239,7 @@ def measure(T, args, cls, mode):
         if n <= 0:
             continue
         load0 = loadavg()
+        bd = [] if args.breakdown else None
         if mode == "warm" and not wait_pool(state, cls, 1):
             out.append((kind, {"n": n, "ok": 0, "success": 0.0, "p50": float("nan"),
                                "p95": float("nan"), "p99": float("nan"),
@@ -212,7 +250,7 @@ def measure(T, args, cls, mode):
             results, lock = [], threading.Lock()
             for _ in range(n):
                 wait_pool(state, cls, 1, timeout=30)
-                one(d, cls, results, lock)
+                one(d, cls, results, lock, bd)
             for _, _, _, pid in results:
                 if pid:
                     d.call("destroy", provider_id=pid, timeout=120)
@@ -222,12 +260,14 @@ def measure(T, args, cls, mode):
                  "p95": pct(good, 95), "p99": pct(good, 99),
                  "errors": sorted({st for ok, _, st, _ in results if not ok})}
         else:
-            r = run(d, cls, n, conc)
+            r = run(d, cls, n, conc, bd if not conc else None)
         r["load"] = (load0 + loadavg()) / 2
         out.append((kind, r))
         print("%-9s %-4s %-10s n=%-4d ok=%-4d p50=%8.1f ms  p95=%8.1f ms  p99=%8.1f ms  load %.1f  %s" % (
             cls, mode, kind, r["n"], r["ok"], r["p50"], r["p95"], r["p99"], r["load"],
             ",".join(r["errors"])), flush=True)
+        if bd:
+            print_breakdown(cls, mode, bd)
     os.sched_setaffinity(0, cpus)
     d.close()
     left = [n for n in os.listdir(state) if n.startswith("l")]
@@ -249,6 +289,8 @@ def main():
     ap.add_argument("--modes", default="cold,warm", help="cold, warm or both")
     ap.add_argument("--repeat", type=int, default=1, help="measure every row this many times")
     ap.add_argument("--client-cpu", type=int, default=None, help="pin the client to this CPU")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="sequential runs: also print the p50 of every part (see PARTS)")
     ap.add_argument("--exec-ab", default=None, metavar="AGENT1,AGENT2",
                     help="compare agent binaries on the exec path (see the top of the file)")
     args = ap.parse_args()
