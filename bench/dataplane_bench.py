@@ -12,6 +12,8 @@
               the path before osr-fd, and what gVisor sandboxes still take
   nginx       -> nginx (proxy_pass, upstream keepalive, WebSocket upgrade) -> backend
   haproxy     -> haproxy (mode http, http-reuse always) -> backend
+  dp-b        with --build-b DIR: "dataplane" from a second OSR build, for an
+              interleaved A/B of two builds in the same rounds
 
 Backends: nginx serving /hello (12 bytes) and /big (1 GiB), and a small
 asyncio WebSocket echo server (bench/dataplane_bench.py --ws-backend).
@@ -42,6 +44,9 @@ Usage: bench/dataplane_bench.py [--build DIR] [--rounds N] [--duration S]
                read directly, through nginx, haproxy and osr-dataplane (envd
                route and exec console), and the bare pipe as a ceiling; the
                agent's and the proxy's CPU s/GiB (bench/exec_read reads all)
+  --only-latency  the open-loop and WebSocket echo rows alone (no wrk, 1 GiB
+               or idle rows): with --build-b and many --rounds, the A/B of
+               the added latency
 Needs: wrk, curl, nginx, haproxy, taskset; the build's osr-dataplane,
 osr-agent, dp-mint and bench/openloop.
 """
@@ -53,6 +58,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import struct
@@ -379,6 +385,17 @@ def cpu_s(pids):
     return t / os.sysconf("SC_CLK_TCK")
 
 
+def ctxsw(pids):
+    """Voluntary and involuntary context switches of pids so far."""
+    v = n = 0
+    for pid in pids:
+        with open("/proc/%d/status" % pid) as f:
+            t = f.read()
+        v += int(re.search(r"voluntary_ctxt_switches:\s+(\d+)", t).group(1))
+        n += int(re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", t).group(1))
+    return v, n
+
+
 def rss_kib(pids):
     t = 0
     for pid in pids:
@@ -478,6 +495,10 @@ def main():
                     help="run each osr-dataplane under strace -c -f, summaries to DIR/<path>.strace")
     ap.add_argument("--only-big", action="store_true",
                     help="the 1 GiB download row alone (with the proxies' CPU per GiB)")
+    ap.add_argument("--build-b", metavar="DIR",
+                    help="a second OSR build, run as path dp-b (as dataplane) in the same rounds")
+    ap.add_argument("--only-latency", action="store_true",
+                    help="the open-loop and WebSocket echo rows alone")
     ap.add_argument("--exec-rounds", type=int, default=3,
                     help="1 GiB exec stdout rounds (0: skip)")
     ap.add_argument("--exec-bytes", type=int, default=1 << 30, help="bytes of each exec stdout")
@@ -487,6 +508,9 @@ def main():
                     help="the 1 GiB exec stdout row alone (needs the dataplane path)")
     ap.add_argument("--ws-backend", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    # SIGTERM (a stopped run) unwinds like an error: the finally below stops
+    # every process this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.ws_backend:
         return ws_backend(a.ws_backend)
     for tool in ("wrk", "curl", "nginx", "haproxy", "taskset"):
@@ -504,6 +528,10 @@ def main():
     mint = os.path.join(a.build, "tests", "integration", "dataplane", "dp-mint")
     olexe = os.path.join(a.build, "bench", "openloop")
     want = a.paths.split(",")
+    if a.build_b and "dp-b" not in want:
+        want.append("dp-b")
+    if a.only_latency:
+        a.no_big, a.exec_rounds = True, 0
     d = tempfile.mkdtemp(prefix="osr-dpbench-")
     procs = []
     traced = []
@@ -531,10 +559,15 @@ def main():
         subprocess.run([mint, "genkey", os.path.join(d, "keys"), "k1"], check=True,
                        stdout=subprocess.DEVNULL)
         osr = {}
+        builds = {"dp-b": a.build_b}
         for name, port, splice, fdpass in (("dataplane", dport, "1", "1"), ("dp-copy", cport, "0", "1"),
-                                           ("dp-tunnel", tport, "1", "0")):
-            if name not in want:
+                                           ("dp-tunnel", tport, "1", "0"),
+                                           ("dp-b", services.free_port(), "1", "1")):
+            if name not in want or (name == "dp-b" and not a.build_b):
                 continue
+            bdir = builds.get(name) or a.build
+            dpexe = os.path.join(bdir, "src", "osr-dataplane")
+            agent = os.path.join(bdir, "src", "osr-agent")
             env = dict(os.environ, OSR_SPLICE=splice, OSR_FDPASS=fdpass)
             sock = os.path.join(d, name + ".sock")
             procs.append(pinned(a.server_cpu, [agent, "--listen", "unix:" + sock, "--log-level",
@@ -575,7 +608,7 @@ def main():
         # rounds would be reused and hide what idle connections cost.
         names = list(paths)
         idle = {}
-        for name in ([] if a.only_big or a.only_exec else names):
+        for name in ([] if a.only_big or a.only_exec or a.only_latency else names):
             port, _, hdr, pids = paths[name]
             if not pids:
                 continue
@@ -613,8 +646,12 @@ def main():
                 port, _, hdr, pids = paths[name]
                 base = "http://127.0.0.1:%d%s" % (port, prefix(name, bport))
                 c0 = cpu_s(pids)
-                rps, nreq = wrk(a.client_cpu, base + "/hello", a.duration, a.conns, hdr)
-                cpu = (cpu_s(pids) - c0) / nreq * 1e6 if pids else 0
+                x0 = ctxsw(pids)
+                rps, nreq = (0, 1) if a.only_latency else wrk(a.client_cpu, base + "/hello",
+                                                              a.duration, a.conns, hdr)
+                cpu = (cpu_s(pids) - c0) / nreq * 1e6 if pids and not a.only_latency else 0
+                x1 = ctxsw(pids)
+                sw = ((x1[0] - x0[0]) / nreq, (x1[1] - x0[1]) / nreq)
                 err, p50, p99, p999 = openloop(olexe, a.client_cpu, port,
                                                prefix(name, bport) + "/hello", a.rate,
                                                a.rate_secs, hdr)
@@ -623,10 +660,20 @@ def main():
                 big = 0 if a.no_big else download(a.client_cpu, base + "/big", hdr)
                 for m, v in zip(keys, (rps, cpu, p50, p99, p999, big, ws)):
                     res[name][m].append(v)
-                print("round %d %-9s %7.0f req/s %5.1f us/req | %d/s: p50 %5d p99 %5d p99.9 %6d us "
-                      "(%d errors) | ws p50 %4.0f us | 1 GiB %5.0f MB/s" % (
-                          r + 1, name, rps, cpu, a.rate, p50, p99, p999, err, ws, big), flush=True)
+                print("round %d %-9s %7.0f req/s %5.1f us/req %.3f/%.3f csw/req | %d/s: p50 %5d p99 %5d "
+                      "p99.9 %6d us (%d errors) | ws p50 %4.0f us | 1 GiB %5.0f MB/s" % (
+                          r + 1, name, rps, cpu, sw[0], sw[1], a.rate, p50, p99, p999, err, ws, big),
+                      flush=True)
         med = {k: {m: statistics.median(v) for m, v in x.items()} for k, x in res.items()}
+        print("\nload average: %.2f %.2f %.2f" % os.getloadavg())
+        if "dp-b" in res and "dataplane" in res:
+            # Same round, same load: the pairwise differences say more than
+            # the medians of two noisy series.
+            for m in ("p50", "p99", "p999", "ws"):
+                dif = [x - y for x, y in zip(res["dataplane"][m], res["dp-b"][m])]
+                print("dataplane - dp-b %s per round: %s (median %+.0f us, dataplane lower in %d of %d)"
+                      % (m, " ".join("%+d" % v for v in dif), statistics.median(dif),
+                         sum(v < 0 for v in dif), len(dif)))
         if a.exec_rounds > 0 and "dataplane" in osr:
             exec_row(a, d, osr["dataplane"][1], osr["dataplane"][0], exec_tok(mint, d, osr),
                      osr["dataplane"][2][1], osr["dataplane"][2][0], procs)
@@ -637,8 +684,9 @@ def main():
         for k, m in med.items():
             add = ("%+.0f / %+.0f / %+.0f" % (m["p50"] - dr["p50"], m["p99"] - dr["p99"],
                                             m["p999"] - dr["p999"])) if dr else "-"
-            print("| %s | %.0f | %s | %s | %s | %s | %s | %s |" % (
-                k, m["rps"], "%.1f" % m["cpu"] if paths[k][3] else "-",
+            print("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                k, "-" if a.only_latency else "%.0f" % m["rps"],
+                "%.1f" % m["cpu"] if paths[k][3] and not a.only_latency else "-",
                 "%d / %d / %d (abs)" % (m["p50"], m["p99"], m["p999"]) if k == "direct" else add,
                 "-" if a.no_big else "%.0f" % m["big"],
                 "-" if a.no_big or not dr else "%.2f" % (m["big"] / dr["big"]),

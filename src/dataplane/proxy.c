@@ -47,6 +47,7 @@
 #include "net/fdpass.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD OSR_DP_MOD
 /** Idle pooled connections are closed after this long: the agent's own
@@ -90,10 +91,11 @@ static unsigned pool_hash(const char *addr, uint16_t port)
   return h % DP_POOL_BUCKETS;
 }
 
-static dp_pool_t *pool_find(osr_dataplane_t *dp, const char *addr, uint16_t port, int tls,
-                            int create)
+/* b = pool_hash(addr, port), which a request stream computes once for its
+ * lookups (pool_get, pool_put, agent_token_for). */
+static dp_pool_t *pool_find(osr_dataplane_t *dp, unsigned b, const char *addr, uint16_t port,
+                            int tls, int create)
 {
-  unsigned b = pool_hash(addr, port);
   for (dp_pool_t *p = dp->pools[b]; p != NULL; p = p->next)
     if (p->port == port && p->tls == tls && strcmp(p->addr, addr) == 0)
       return p;
@@ -108,9 +110,10 @@ static dp_pool_t *pool_find(osr_dataplane_t *dp, const char *addr, uint16_t port
   return p;
 }
 
-static osr_http_client_t *pool_get(osr_dataplane_t *dp, const char *addr, uint16_t port, int tls)
+static osr_http_client_t *pool_get(osr_dataplane_t *dp, unsigned b, const char *addr, uint16_t port,
+                                   int tls)
 {
-  dp_pool_t *p = pool_find(dp, addr, port, tls, 0);
+  dp_pool_t *p = pool_find(dp, b, addr, port, tls, 0);
   if (p == NULL || p->idle == NULL)
     return NULL;
   dp_conn_t *k = p->idle;
@@ -121,10 +124,10 @@ static osr_http_client_t *pool_get(osr_dataplane_t *dp, const char *addr, uint16
   return c;
 }
 
-static void pool_put(osr_dataplane_t *dp, const char *addr, uint16_t port, int tls,
+static void pool_put(osr_dataplane_t *dp, unsigned b, const char *addr, uint16_t port, int tls,
                      osr_http_client_t *c)
 {
-  dp_pool_t *p = dp->stopping ? NULL : pool_find(dp, addr, port, tls, 1);
+  dp_pool_t *p = dp->stopping ? NULL : pool_find(dp, b, addr, port, tls, 1);
   if (p == NULL || p->nidle >= dp->cfg.pool_idle_max) {
     osr_http_client_close(c);
     return;
@@ -174,10 +177,10 @@ void osr__dp_pools_sweep(osr_dataplane_t *dp, uint64_t max_idle_ms)
 
 /* The agent's token for `sid` into out ("" on failure), memoised in the
  * endpoint's pool (which the sweep frees when idle: then it is recomputed). */
-static void agent_token_for(osr_dataplane_t *dp, const char *addr, uint16_t port, int tls,
-                            const char *sid, char out[65])
+static void agent_token_for(osr_dataplane_t *dp, unsigned b, const char *addr, uint16_t port,
+                            int tls, const char *sid, char out[65])
 {
-  dp_pool_t *p = dp->stopping ? NULL : pool_find(dp, addr, port, tls, 1);
+  dp_pool_t *p = dp->stopping ? NULL : pool_find(dp, b, addr, port, tls, 1);
   if (p == NULL) {
     (void)osr_agent_token(dp->cfg.agent_secret, sid, out);
     return;
@@ -708,6 +711,7 @@ struct dp_stream_s {
   char *target;
   uint16_t port;
   int tls;
+  unsigned pool_b; /* pool_hash(addr, port) */
   dp_tok_src_t tok_src;
   char agent_tok[65]; /* the agent's token (osr_agent_token), "" = none */
   int64_t req_cl;     /* -1 chunked, 0 none, >0 exact */
@@ -787,8 +791,7 @@ static void upstream_failed(dp_stream_t *st, int status)
 
 static int name_is(osr_iovec_t n, const char *s)
 {
-  size_t l = strlen(s);
-  return n.len == l && strncasecmp(n.base, s, l) == 0;
+  return osr_ascii_ieq_lower(n.base, n.len, s, strlen(s)); /* s: lower case */
 }
 
 /* Is `name` listed in a Connection header value ("close, x-foo")? */
@@ -847,7 +850,7 @@ static void upstream_done(dp_stream_t *st)
   st->client = NULL;
   st->dp->n_forwarded++;
   if (c != NULL && st->req_body_sent && !st->creq_writing)
-    pool_put(st->dp, st->addr, st->port, st->tls, c);
+    pool_put(st->dp, st->pool_b, st->addr, st->port, st->tls, c);
   else if (c != NULL)
     osr_http_client_close(c);
   if (st->req != NULL) {
@@ -962,12 +965,14 @@ static void creq_on_response(osr_http_creq_t *r, int status, const osr_http_head
     conn = NULL;
   for (size_t i = 0; i < n && k < DP_RESP_HEADERS_MAX; i++) {
     if (name_is(h[i].name, "content-length")) {
-      char tmp[24];
-      if (h[i].value.len > 0 && h[i].value.len < sizeof(tmp)) {
-        memcpy(tmp, h[i].value.base, h[i].value.len);
-        tmp[h[i].value.len] = '\0';
-        cl = strtoll(tmp, NULL, 10);
-      }
+      /* Digits only (the parser checked them); 18 fit an int64_t. */
+      const char *d = h[i].value.base;
+      size_t len = h[i].value.len, j = 0;
+      int64_t v = 0;
+      while (j < len && j < 18 && d[j] >= '0' && d[j] <= '9')
+        v = v * 10 + (d[j++] - '0');
+      if (len > 0 && j == len)
+        cl = v;
       continue;
     }
     if (hop_by_hop(h[i].name) || in_connection(conn, h[i].name) || name_is(h[i].name, "date"))
@@ -1226,7 +1231,7 @@ static void stream_acquired(dp_stream_t *st, osr_http_client_t *c, int status)
 {
   st->acquiring = 0;
   if (status == 0 && (st->req == NULL || st->dp->stopping)) {
-    pool_put(st->dp, st->addr, st->port, st->tls, c);
+    pool_put(st->dp, st->pool_b, st->addr, st->port, st->tls, c);
     stream_maybe_free(st);
     return;
   }
@@ -1324,7 +1329,7 @@ static void stream_acquire(dp_stream_t *st)
 {
   osr_dataplane_t *dp = st->dp;
   /* A retry (st->retried) always takes a fresh connection. */
-  osr_http_client_t *c = st->retried ? NULL : pool_get(dp, st->addr, st->port, st->tls);
+  osr_http_client_t *c = st->retried ? NULL : pool_get(dp, st->pool_b, st->addr, st->port, st->tls);
   if (c != NULL) {
     st->from_pool = 1;
     stream_acquired(st, c, 0);
@@ -1773,12 +1778,13 @@ static void forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, 
   st->target = osr_xstrdup(target);
   st->port = port;
   st->tls = tls;
+  st->pool_b = pool_hash(addr, port);
   st->tok_src = tok_src;
   if (up != NULL) {
     st->up = osr_xmalloc(sizeof(*st->up));
     memcpy(st->up, up, sizeof(*up));
   } else if (dp->cfg.agent_secret != NULL) {
-    agent_token_for(dp, addr, port, tls, sid, st->agent_tok);
+    agent_token_for(dp, st->pool_b, addr, port, tls, sid, st->agent_tok);
   }
   st->act = osr__dp_act_open(dp, sid);
   st->req_cl = !req->expect_body ? 0 : req->content_length >= 0 ? req->content_length : -1;

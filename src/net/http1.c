@@ -813,8 +813,7 @@ static int has_crlf(osr_iovec_t v)
 
 static int name_is(osr_iovec_t n, const char *s)
 {
-  size_t l = strlen(s);
-  return n.len == l && strncasecmp(n.base, s, l) == 0;
+  return osr_ascii_ieq_lower(n.base, n.len, s, strlen(s)); /* s: lower case */
 }
 
 static void head_put(h1req_t *r, const char *p, size_t n)
@@ -1023,11 +1022,14 @@ static int h1_write(osr_http_req_t *req, const osr_iovec_t *bufs, size_t nbufs, 
   r->warg = arg;
   r->write_inflight = 1;
   if (k == 0) {
-    /* Nothing to send (e.g. the end of a HEAD response whose head already
-     * went out): complete on the next loop turn, never from inside the
-     * caller. */
-    r->deferred_empty = 1;
+    /* Nothing to send (the end of a response whose last bytes already went
+     * out, e.g. a proxied body): complete from the socket's deferred pass,
+     * never from inside the caller; the connection's timer when the socket
+     * cannot (TLS, writes queued). */
     r->end_queued = end;
+    if (osr_sock_write_nothing(c->sock, on_resp_written, r) == 0)
+      return 0;
+    r->deferred_empty = 1;
     timer_set(c, TIMER_DEFER, 0);
     return 0;
   }

@@ -471,8 +471,7 @@ static char *put_str(char *w, const char *s, size_t n)
 
 static int hname_is(osr_iovec_t n, const char *s)
 {
-  size_t l = strlen(s);
-  return n.len == l && strncasecmp(n.base, s, l) == 0;
+  return osr_ascii_ieq_lower(n.base, n.len, s, strlen(s)); /* s: lower case */
 }
 
 static int bad_text(const char *s, size_t n)

@@ -447,9 +447,24 @@ static void side_on_read(osr_sock_t *s, int status)
   if (status == OSR_EOF)
     sd->eof = 1;
   if (sd->inflight == 0 && s->input.len > 0 && pd->s != NULL) {
+    osr_iovec_t iov = osr_iov(osr_buf_data(&s->input), s->input.len);
+    if (sd->copied + iov.len < OSR_SPLICE_AFTER) {
+      /* A message (a WebSocket frame, a small response) usually fits the
+       * peer's socket buffer: written now, consumed now, reading goes on,
+       * no deferred completion and no read stop/start. Near the splice
+       * switch the deferred path below decides as before. */
+      size_t n = osr_sock_try_write(pd->s, &iov, 1);
+      osr_buf_consume(&s->input, n);
+      sd->copied += n;
+      if (n == iov.len) {
+        if (sd->eof)
+          propagate_eof(sd);
+        return;
+      }
+      iov = osr_iov(osr_buf_data(&s->input), s->input.len);
+    }
     /* Write from the input buffer itself; it does not move while reading
      * is stopped, and the bytes are consumed in on_forwarded. */
-    osr_iovec_t iov = osr_iov(osr_buf_data(&s->input), s->input.len);
     sd->inflight = iov.len;
     osr_sock_read_stop(s);
     if (osr_sock_write(pd->s, &iov, 1, on_forwarded, sd) != 0) {
