@@ -1022,14 +1022,11 @@ static int h1_write(osr_http_req_t *req, const osr_iovec_t *bufs, size_t nbufs, 
   r->warg = arg;
   r->write_inflight = 1;
   if (k == 0) {
-    /* Nothing to send (the end of a response whose last bytes already went
-     * out, e.g. a proxied body): complete from the socket's deferred pass,
-     * never from inside the caller; the connection's timer when the socket
-     * cannot (TLS, writes queued). */
-    r->end_queued = end;
-    if (osr_sock_write_nothing(c->sock, on_resp_written, r) == 0)
-      return 0;
+    /* Nothing to send (e.g. the end of a HEAD response whose head already
+     * went out): complete on the next loop turn, never from inside the
+     * caller. */
     r->deferred_empty = 1;
+    r->end_queued = end;
     timer_set(c, TIMER_DEFER, 0);
     return 0;
   }

@@ -614,20 +614,6 @@ size_t osr_sock_try_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs)
   return (size_t)n;
 }
 
-int osr_sock_write_nothing(osr_sock_t *s, osr_sock_write_cb cb, void *arg)
-{
-  if (s->_flags & (OSR_SOCK_F_CLOSING | OSR_SOCK_F_SHUT))
-    return OSR_ECLOSED;
-  /* Earlier writes' callbacks must come first: only behind writes that
-   * completed at once (deferred in order), never behind libuv's queue. */
-  if (s->_tls != NULL || s->_write_queue != 0 || s->_wdone_n >= UINT16_MAX ||
-      uv_stream_get_write_queue_size(&s->_h.stream) != 0)
-    return OSR_EBUSY;
-  s->_wdone_n++;
-  osr_call_defer(osr_timer_ctx(&s->_timer), wdone_one, s, (osr_fn_t)cb, arg);
-  return 0;
-}
-
 int osr_sock_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs, osr_sock_write_cb cb,
                    void *arg)
 {

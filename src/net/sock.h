@@ -175,13 +175,6 @@ int osr_sock_is_reading(const osr_sock_t *s);
 int osr_sock_write(osr_sock_t *s, const osr_iovec_t *bufs, size_t nbufs, osr_sock_write_cb cb,
                    void *arg);
 
-/** A write of nothing: cb(s, 0, arg) runs from the socket's next deferred
- *  pass, like a write the kernel took at once, with no system call (an
- *  exchange that ends after its last bytes went out). Cleartext sockets with
- *  nothing queued only: otherwise OSR_EBUSY and cb never fires (the caller
- *  completes it its own way). */
-int osr_sock_write_nothing(osr_sock_t *s, osr_sock_write_cb cb, void *arg);
-
 /** Hand bufs to the kernel now, as far as it takes them, with no callback:
  *  returns the bytes written (0 when it would block, on any error, on TLS
  *  sockets and while earlier writes are queued: the caller then writes the
