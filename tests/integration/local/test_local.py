@@ -155,6 +155,9 @@ class Driver:
         self.answers = {}
         self.cv = threading.Condition()
         self.tag = 0
+        # send() is called from many threads at once (bench/tti_bench.py's
+        # bursts): the tag and the line written to stdin are one unit.
+        self.send_lock = threading.Lock()
         self.t = threading.Thread(target=self._pump, daemon=True)
         self.t.start()
 
@@ -166,11 +169,12 @@ class Driver:
                 self.cv.notify_all()
 
     def send(self, op, **kw):
-        self.tag += 1
-        tag = self.tag
-        kw.update(op=op, tag=tag)
-        self.p.stdin.write(json.dumps(kw) + "\n")
-        self.p.stdin.flush()
+        with self.send_lock:
+            self.tag += 1
+            tag = self.tag
+            kw.update(op=op, tag=tag)
+            self.p.stdin.write(json.dumps(kw) + "\n")
+            self.p.stdin.flush()
         return tag
 
     def wait(self, tag, timeout=120):
