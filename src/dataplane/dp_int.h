@@ -14,6 +14,7 @@
 #include "dataplane/dp_activity.h"
 #include "net/http.h"
 #include "token/token.h"
+#include "util/text.h"
 
 #define OSR_DP_MOD "dataplane"
 
@@ -73,10 +74,7 @@ int osr__dp_endpoint(const char *ep, char *addr, size_t addrlen, int *tls);
  *  ids and addresses, bounded tables). */
 static inline uint32_t osr__dp_hash_str(const char *s)
 {
-  uint32_t h = 2166136261u;
-  for (const char *p = s; *p; p++)
-    h = (h ^ (unsigned char)*p) * 16777619u;
-  return h;
+  return osr_fnv1a_str(s);
 }
 
 /* ---- the data plane object (dataplane.c) ----------------------------------- */

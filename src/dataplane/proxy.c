@@ -84,11 +84,7 @@ struct dp_pool_s {
 
 static unsigned pool_hash(const char *addr, uint16_t port)
 {
-  uint32_t h = 2166136261u;
-  for (const char *p = addr; *p; p++)
-    h = (h ^ (unsigned char)*p) * 16777619u;
-  h = (h ^ port) * 16777619u;
-  return h % DP_POOL_BUCKETS;
+  return osr_fnv1a_step(osr_fnv1a_str(addr), port) % DP_POOL_BUCKETS;
 }
 
 /* b = pool_hash(addr, port), which a request stream computes once for its

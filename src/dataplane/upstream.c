@@ -49,14 +49,10 @@ struct dp_upcache_s {
 
 static unsigned up_hash(const char *sid, const char *sealed, size_t slen)
 {
-  uint32_t h = 2166136261u;
-  for (const char *p = sid; *p; p++)
-    h = (h ^ (unsigned char)*p) * 16777619u;
   /* The tail of the seal is the GCM tag: random-looking, so a few bytes
    * spread entries as well as all of them would. */
-  for (size_t i = slen > 16 ? slen - 16 : 0; i < slen; i++)
-    h = (h ^ (unsigned char)sealed[i]) * 16777619u;
-  return h % UP_BUCKETS;
+  size_t from = slen > 16 ? slen - 16 : 0;
+  return osr_fnv1a(osr_fnv1a_str(sid), sealed + from, slen - from) % UP_BUCKETS;
 }
 
 static void ent_free(up_ent_t *e)

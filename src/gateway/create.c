@@ -99,7 +99,7 @@ struct create_s {
   uint64_t started_ms;
   int64_t deadline_ms;
   /* Phase timestamps (uv_hrtime, µs) for the trace line of a successful
-   * create, indexed by the T_* names below. */
+   * create, indexed by the T_* names above. */
   uint64_t t_us[T_COUNT];
   /* The create answer's token is signed on the thread pool while the
    * binding commits (both start when the provider answered), so the

@@ -54,6 +54,7 @@
 #include "gateway/sandboxes.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "reaper"
 #define PAGE 500
@@ -143,14 +144,6 @@ static live_t *live_at(osr_reaper_t *r, size_t i)
   return &r->chunk[i / CHUNK][i % CHUNK];
 }
 
-static uint32_t id_hash(const char *id)
-{
-  uint32_t h = 2166136261u; /* FNV-1a */
-  for (; *id != '\0'; id++)
-    h = (h ^ (unsigned char)*id) * 16777619u;
-  return h;
-}
-
 static void index_put(uint32_t *index, size_t cap, uint32_t hash, uint32_t entry)
 {
   size_t k = hash & (cap - 1);
@@ -183,7 +176,7 @@ static live_t *live_add(osr_reaper_t *r, const char *id)
   live_t *l = live_at(r, r->nlive);
   memset(l, 0, sizeof(*l));
   copy_str(l->id, sizeof(l->id), id);
-  l->hash = id_hash(l->id);
+  l->hash = osr_fnv1a_str(l->id);
   index_put(r->index, r->index_cap, l->hash, (uint32_t)r->nlive);
   r->nlive++;
   return l;
@@ -193,7 +186,7 @@ static live_t *find_live(osr_reaper_t *r, const char *id)
 {
   if (r->nlive == 0)
     return NULL;
-  uint32_t h = id_hash(id);
+  uint32_t h = osr_fnv1a_str(id);
   for (size_t k = h & (r->index_cap - 1); r->index[k] != 0; k = (k + 1) & (r->index_cap - 1)) {
     live_t *l = live_at(r, r->index[k] - 1);
     if (l->hash == h && strcmp(l->id, id) == 0)

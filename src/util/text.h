@@ -35,6 +35,32 @@ static inline int osr_ascii_ieq_lower(const char *s, size_t n, const char *lc, s
   return 1;
 }
 
+/** FNV-1a, the hash of OSR's small in-memory tables (not keyed: for our own
+ *  ids and addresses, never for keys a client picks freely). Start with
+ *  OSR_FNV1A_INIT, feed bytes with osr_fnv1a or one value with
+ *  osr_fnv1a_step; osr_fnv1a_str hashes a NUL-terminated string. */
+#define OSR_FNV1A_INIT 2166136261u
+static inline uint32_t osr_fnv1a_step(uint32_t h, uint32_t v)
+{
+  return (h ^ v) * 16777619u;
+}
+
+static inline uint32_t osr_fnv1a(uint32_t h, const void *p, size_t n)
+{
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = osr_fnv1a_step(h, b[i]);
+  return h;
+}
+
+static inline uint32_t osr_fnv1a_str(const char *s)
+{
+  uint32_t h = OSR_FNV1A_INIT;
+  for (; *s != '\0'; s++)
+    h = osr_fnv1a_step(h, (unsigned char)*s);
+  return h;
+}
+
 /** Decimal digits of v written into the end of buf[20] (no NUL); returns
  *  the first digit: the text is [result, buf + 20). */
 char *osr_fmt_u64(char buf[20], uint64_t v);
