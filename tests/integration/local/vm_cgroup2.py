@@ -161,7 +161,9 @@ exec switch_root /newroot /osr-vm/busybox sh /osr-vm/stage2
 """
 
 # PID 1 in the new root (this machine's file system): fresh /proc, /sys,
-# /dev, /run and /tmp, cgroup2 at /sys/fs/cgroup, the out share, then the
+# /dev and /run (not /tmp: a checkout under /tmp must stay visible, and the
+# overlay's tmpfs upper layer already keeps the guest's writes there off
+# the host), cgroup2 at /sys/fs/cgroup, the out share, then the
 # command the host left there; its output and status go back to the share.
 STAGE2 = r"""B=/osr-vm/busybox
 $B mount -t proc proc /proc
@@ -171,7 +173,6 @@ $B mkdir -p /dev/pts /dev/shm
 $B mount -t devpts devpts /dev/pts
 $B mount -t tmpfs tmpfs /dev/shm
 $B mount -t tmpfs tmpfs /run
-$B mount -t tmpfs -o mode=1777 tmpfs /tmp
 $B mount -t cgroup2 cgroup2 /sys/fs/cgroup
 $B mkdir -p /osr-vm/out
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 osrout /osr-vm/out
