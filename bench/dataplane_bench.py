@@ -267,17 +267,21 @@ def ctx_switches(pid):
     return sum(int(x) for x in re.findall(r"(?m)^(?:non)?voluntary_ctxt_switches:\s+(\d+)", t))
 
 
-def exec_tok(mint, d, osr):
-    """An exec-scope token for the dataplane path's agent."""
+def exec_tok(mint, d, sock):
+    """An exec-scope token for the agent listening on sock."""
     return subprocess.run([mint, "sign", os.path.join(d, "keys"), "k1", "s1",
-                           "unix:" + osr["dataplane"][1], "exec", "none", "86400"],
+                           "unix:" + sock, "exec", "none", "86400"],
                           capture_output=True, text=True, check=True).stdout.strip()
 
 
-def exec_row(a, d, sock, dport, tok, agent_pid, dp_pid, procs):
+def exec_row(a, d, osr, mint, procs):
     """The 1 GiB exec stdout row: every path once per round in rotating
-    order; MB/s, and the CPU the agent and the proxy spent per GiB."""
+    order; MB/s, and the CPU the agent (with `head`, its child) and the
+    proxy spent per GiB. With --build-b, "dp-b proto" and "dp-b console" are
+    the same paths through the second build's data plane and agent."""
     exe = os.path.join(a.build, "bench", "exec_read")
+    dport, sock, (dp_pid, agent_pid) = osr["dataplane"]
+    tok = exec_tok(mint, d, sock)
     nb = a.exec_bytes
     enport, ehport = services.free_port(), services.free_port()
     path = os.path.join(d, "exec-nginx.conf")
@@ -293,28 +297,41 @@ def exec_row(a, d, sock, dport, tok, agent_pid, dp_pid, procs):
     services._wait_port(enport)
     services._wait_port(ehport)
     hdr = "X-Access-Token: " + tok
-    # name -> (exec_read arguments, proxy pid or None)
-    paths = {EXEC_PIPE: (None, None)}
+    # name -> (exec_read arguments, proxy pid or None, agent pid)
+    paths = {EXEC_PIPE: (None, None, agent_pid)}
     for codec in a.exec_codecs.split(","):
-        paths["direct " + codec] = (["connect", "unix:" + sock, "", codec, nb], None)
-        paths["nginx " + codec] = (["connect", "127.0.0.1:%d" % enport, "", codec, nb], en_pid)
-        paths["haproxy " + codec] = (["connect", "127.0.0.1:%d" % ehport, "", codec, nb], eh_pid)
+        paths["direct " + codec] = (["connect", "unix:" + sock, "", codec, nb], None, agent_pid)
+        paths["nginx " + codec] = (["connect", "127.0.0.1:%d" % enport, "", codec, nb], en_pid,
+                                   agent_pid)
+        paths["haproxy " + codec] = (["connect", "127.0.0.1:%d" % ehport, "", codec, nb], eh_pid,
+                                     agent_pid)
         paths["dataplane " + codec] = (["connect", "127.0.0.1:%d" % dport,
-                                        "/sbx/s1/%d" % 49983, codec, nb, hdr], dp_pid)
+                                        "/sbx/s1/%d" % 49983, codec, nb, hdr], dp_pid, agent_pid)
     paths["dataplane console"] = (["ws", "127.0.0.1:%d" % dport, "/v1/sandboxes/s1/exec?"
-                                   + exec_cmd_query(nb), nb, hdr], dp_pid)
+                                   + exec_cmd_query(nb), nb, hdr], dp_pid, agent_pid)
+    if "dp-b" in osr:  # --build-b: the other build's data plane and agent
+        bport, bsock, (bdp, bag) = osr["dp-b"]
+        bhdr = "X-Access-Token: " + exec_tok(mint, d, bsock)
+        for codec in a.exec_codecs.split(","):
+            paths["dp-b " + codec] = (["connect", "127.0.0.1:%d" % bport, "/sbx/s1/%d" % 49983,
+                                       codec, nb, bhdr], bdp, bag)
+        paths["dp-b console"] = (["ws", "127.0.0.1:%d" % bport, "/v1/sandboxes/s1/exec?"
+                                  + exec_cmd_query(nb), nb, bhdr], bdp, bag)
+    if a.exec_paths:  # a subset, by name ("dataplane proto,haproxy proto")
+        want = a.exec_paths.split(",")
+        paths = {k: v for k, v in paths.items() if k in want or k.split()[0] in want}
     names = list(paths)
     res = {k: ([], [], [], []) for k in names}
     print("exec row: load average %.2f %.2f %.2f" % os.getloadavg(), flush=True)
     for r in range(a.exec_rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            args, ppid = paths[name]
-            pids = [agent_pid] + ([ppid] if ppid else [])
-            c0 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0,
+            args, ppid, apid = paths[name]
+            pids = [apid] + ([ppid] if ppid else [])
+            c0 = (cpu_s([apid], children=True), cpu_s([ppid]) if ppid else 0,
                   sum(ctx_switches(p) for p in pids))
             mbs = (pipe_stdout(exe, a.server_cpu, a.client_cpu, nb) if args is None
                    else exec_read(exe, a.client_cpu, args))
-            c1 = (cpu_s([agent_pid]), cpu_s([ppid]) if ppid else 0,
+            c1 = (cpu_s([apid], children=True), cpu_s([ppid]) if ppid else 0,
                   sum(ctx_switches(p) for p in pids))
             gib = nb / (1 << 30)
             res[name][0].append(mbs)
@@ -328,17 +345,18 @@ def exec_row(a, d, sock, dport, tok, agent_pid, dp_pid, procs):
     print("exec row: load average %.2f %.2f %.2f\n" % os.getloadavg())
     med = {k: statistics.median(v[0]) for k, v in res.items()}
     print("| 1 GiB exec stdout | MB/s | × direct (same codec) | × better proxy (same codec) "
-          "| × pipe | agent CPU s/GiB | proxy CPU s/GiB | switches/GiB agent+proxy |")
+          "| × pipe | agent + head CPU s/GiB | proxy CPU s/GiB | switches/GiB agent+proxy |")
     print("|---|---|---|---|---|---|---|---|")
     for k, (mbs, acpu, pcpu, sw) in res.items():
         codec = k.split()[-1] if k.split()[-1] in ("json", "proto") else "proto"
         dr = med.get("direct " + codec)
         prox = [med[p + " " + codec] for p in ("nginx", "haproxy") if p + " " + codec in med]
         is_pipe = k == EXEC_PIPE
-        print("| %s | %.0f | %s | %s | %.2f | %s | %s | %s |" % (
+        print("| %s | %.0f | %s | %s | %s | %s | %s | %s |" % (
             k, med[k], "-" if is_pipe or not dr else "%.2f" % (med[k] / dr),
-            "%.2f" % (med[k] / max(prox)) if k.startswith("dataplane") and prox else "-",
-            med[k] / med[EXEC_PIPE], "-" if is_pipe else "%.2f" % statistics.median(acpu),
+            "%.2f" % (med[k] / max(prox)) if k.startswith(("dataplane", "dp-b")) and prox else "-",
+            "%.2f" % (med[k] / med[EXEC_PIPE]) if EXEC_PIPE in med else "-",
+            "-" if is_pipe else "%.2f" % statistics.median(acpu),
             "%.2f" % statistics.median(pcpu) if paths[k][1] else "-",
             "-" if is_pipe else "%.0f" % statistics.median(sw)))
     print("\n(the console row's upstream is the proto stream: its x direct is against direct proto)")
@@ -376,12 +394,22 @@ def stop(p):
             p.wait()
 
 
-def cpu_s(pids):
+def child_cpu_s():
+    """User + system CPU of this script's waited-for children so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def cpu_s(pids, children=False):
+    """User + system CPU seconds of pids so far (with children: plus that of
+    their reaped children, e.g. the agent's `head`)."""
     t = 0
     for pid in pids:
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
         t += int(fields[11]) + int(fields[12])  # utime, stime
+        if children:
+            t += int(fields[13]) + int(fields[14])  # cutime, cstime
     return t / os.sysconf("SC_CLK_TCK")
 
 
@@ -435,30 +463,37 @@ def download(cpu, url, headers=()):
     return float(out[0]) / 1e6  # MB/s
 
 
-def big_only(a, names, paths, prefix, bport):
+def big_only(a, names, paths, prefix, bport, backend_pid):
     """--only-big: the download row, every path once per round in rotating
-    order, with the user+system CPU the proxy processes spent per GiB (a
-    load-independent view of the same transfer)."""
-    res = {k: ([], []) for k in names}
+    order, with the user+system CPU per GiB (a load-independent view of the
+    same transfer) of the proxy processes, of the backend nginx (on the
+    proxy's CPU: what it costs to feed the proxy counts against the row) and
+    of curl, and the proxy's context switches per GiB."""
+    res = {k: ([], [], [], [], []) for k in names}
     for r in range(a.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             port, _, hdr, pids = paths[name]
-            c0 = cpu_s(pids)
+            c0, b0, k0, x0 = cpu_s(pids), cpu_s([backend_pid]), child_cpu_s(), sum(ctxsw(pids))
             big = download(a.client_cpu, "http://127.0.0.1:%d%s/big" % (port, prefix(name, bport)),
                            hdr)
-            cpu = cpu_s(pids) - c0
-            res[name][0].append(big)
-            res[name][1].append(cpu)
-            print("round %d %-9s 1 GiB %5.0f MB/s, proxy CPU %.2f s" % (r + 1, name, big, cpu),
-                  flush=True)
+            cpu, bcpu = cpu_s(pids) - c0, cpu_s([backend_pid]) - b0
+            kcpu, sw = child_cpu_s() - k0, sum(ctxsw(pids)) - x0
+            for i, v in enumerate((big, cpu, bcpu, kcpu, sw)):
+                res[name][i].append(v)
+            print("round %d %-9s 1 GiB %5.0f MB/s, CPU s proxy %.2f backend %.2f curl %.2f, "
+                  "proxy switches %d" % (r + 1, name, big, cpu, bcpu, kcpu, sw), flush=True)
     print("\nload average: %.2f %.2f %.2f\n" % os.getloadavg())
-    print("| path | 1 GiB MB/s | × direct | proxy CPU s/GiB |")
-    print("|---|---|---|---|")
+    print("| path | 1 GiB MB/s | × direct | proxy CPU s/GiB | backend CPU s/GiB | curl CPU s/GiB "
+          "| proxy switches/GiB |")
+    print("|---|---|---|---|---|---|---|")
     dr = statistics.median(res["direct"][0]) if "direct" in res else None
-    for k, (mbs, cpu) in res.items():
+    for k, (mbs, cpu, bcpu, kcpu, sw) in res.items():
         m = statistics.median(mbs)
-        print("| %s | %.0f | %s | %s |" % (k, m, "%.2f" % (m / dr) if dr else "-",
-                                          "%.2f" % statistics.median(cpu) if paths[k][3] else "-"))
+        px = bool(paths[k][3])
+        print("| %s | %.0f | %s | %s | %.2f | %.2f | %s |" % (
+            k, m, "%.2f" % (m / dr) if dr else "-", "%.2f" % statistics.median(cpu) if px else "-",
+            statistics.median(bcpu), statistics.median(kcpu),
+            "%.0f" % statistics.median(sw) if px else "-"))
 
 
 def idle_http(port, path, headers, n):
@@ -504,6 +539,9 @@ def main():
     ap.add_argument("--exec-bytes", type=int, default=1 << 30, help="bytes of each exec stdout")
     ap.add_argument("--exec-codecs", default="json,proto",
                     help="Connect codecs of the exec row's agent-stream paths")
+    ap.add_argument("--exec-paths", metavar="A,B",
+                    help="the exec row's paths to run, by name or first word (pipe, direct, "
+                         "nginx, haproxy, dataplane, dp-b, 'dataplane console', 'haproxy proto')")
     ap.add_argument("--only-exec", action="store_true",
                     help="the 1 GiB exec stdout row alone (needs the dataplane path)")
     ap.add_argument("--ws-backend", type=int, help=argparse.SUPPRESS)
@@ -634,10 +672,9 @@ def main():
                 print("idle %-9s websocket: osr-dataplane %.2f + osr-agent %.2f KiB/conn" % (
                     name, (w1[0] - w0[0]) / a.idle, (w1[1] - w0[1]) / a.idle), flush=True)
         if a.only_big:
-            return big_only(a, names, paths, prefix, bport)
+            return big_only(a, names, paths, prefix, bport, procs[0].pid)
         if a.only_exec:
-            return exec_row(a, d, osr["dataplane"][1], osr["dataplane"][0], exec_tok(mint, d, osr),
-                            osr["dataplane"][2][1], osr["dataplane"][2][0], procs)
+            return exec_row(a, d, osr, mint, procs)
         keys = ("rps", "cpu", "p50", "p99", "p999", "big", "ws")
         res = {k: {m: [] for m in keys} for k in paths}
         for r in range(a.rounds):
@@ -675,8 +712,7 @@ def main():
                       % (m, " ".join("%+d" % v for v in dif), statistics.median(dif),
                          sum(v < 0 for v in dif), len(dif)))
         if a.exec_rounds > 0 and "dataplane" in osr:
-            exec_row(a, d, osr["dataplane"][1], osr["dataplane"][0], exec_tok(mint, d, osr),
-                     osr["dataplane"][2][1], osr["dataplane"][2][0], procs)
+            exec_row(a, d, osr, mint, procs)
         dr = med.get("direct")
         print("| path | req/s | proxy CPU µs/req | added p50 / p99 / p99.9 µs at %d/s | 1 GiB MB/s "
               "| × direct | WS echo added p50 µs | idle KiB/conn HTTP / WS |" % a.rate)

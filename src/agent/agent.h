@@ -76,7 +76,6 @@ struct agent_s {
   /* process table */
   agent_proc_t *procs; /* doubly linked */
   size_t nprocs;
-  char scratch[OSR_AGENT_READ]; /* pipe read buffer, consumed in read_cb */
 };
 
 extern agent_t osr__agent;

@@ -3,10 +3,10 @@
  *
  * Each started process gets a record with its pipes, a bounded output ring
  * (ring.h) and a list of subscribers: the Start stream and any Connect
- * streams. Output is read into one shared scratch buffer, appended to the
- * ring, and each subscriber sends it from its own cursor, one data event of
- * at most 32 KiB per frame. The ring is the only buffer between the
- * process and its clients, so:
+ * streams. Output is read straight into the ring (no copy on the way in),
+ * and each subscriber sends it from its own cursor, one data event of at
+ * most 32 KiB (JSON) or 256 KiB (protobuf codec) per frame. The ring is
+ * the only buffer between the process and its clients, so:
  *   - a slow client: its cursor lags, the ring's room (relative to the
  *     slowest cursor) shrinks, and below one read's worth the pipes stop
  *     being read; the process then blocks on its own writes, which is the
@@ -215,16 +215,21 @@ static void maybe_end(agent_proc_t *p)
 static size_t read_max(const agent_proc_t *p)
 {
   size_t half = p->ring.cap / 2;
-  return half < sizeof(p->a->scratch) ? half : sizeof(p->a->scratch);
+  return half < OSR_AGENT_READ ? half : OSR_AGENT_READ;
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
   agent_proc_t *p = h->data;
   (void)suggested;
-  /* One buffer for every pipe: read_cb copies it into the ring at once. */
-  buf->base = p->a->scratch;
-  buf->len = read_max(p);
+  /* Straight into the ring's free end (on_pipe_read commits it): reading
+   * runs only while the slowest subscriber leaves read_max() of room
+   * (proc_update_reading), so this overwrites nothing a client still
+   * needs, and libuv reads synchronously after this call, so no other
+   * append comes in between. Near the wrap the read is shorter. */
+  size_t len = 0;
+  buf->base = osr_ring_tail(&p->ring, &len);
+  buf->len = len < read_max(p) ? len : read_max(p);
 }
 
 static void on_pipe_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -235,7 +240,7 @@ static void on_pipe_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     int kind = p->is_pty ? KIND_PTY : is_err ? KIND_STDERR : KIND_STDOUT;
     if (p->is_pty && p->exited)
       uv_timer_start(&p->deadline, on_pty_grace, PTY_EXIT_GRACE_MS, 0); /* still talking */
-    osr_ring_append(&p->ring, kind, buf->base, (size_t)nread);
+    osr_ring_commit(&p->ring, kind, (size_t)nread); /* read in place (on_alloc) */
     proc_pump_all(p);
     proc_update_reading(p);
     return;

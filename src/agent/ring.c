@@ -42,19 +42,11 @@ static void evict_to(osr_ring_t *r, uint64_t off)
   }
 }
 
-void osr_ring_append(osr_ring_t *r, int kind, const void *data, size_t n)
+/* Account n (<= cap) new bytes of `kind` at r->end: a segment if the
+ * stream changed, and eviction of what they overwrite. The bytes themselves
+ * are the caller's to place. */
+static void account(osr_ring_t *r, int kind, size_t n)
 {
-  const char *p = data;
-  if (n == 0)
-    return;
-  if (n > r->cap) {
-    /* Only the newest cap bytes can be kept; the rest still count. */
-    size_t skip = n - r->cap;
-    r->end += skip;
-    evict_to(r, r->end);
-    p += skip;
-    n = r->cap;
-  }
   if (r->_nsegs == 0 || seg_at(r, r->_nsegs - 1)->kind != kind) {
     if (r->_nsegs == r->_max_segs) {
       /* Full segment table: evict the oldest segment's bytes entirely. */
@@ -69,14 +61,47 @@ void osr_ring_append(osr_ring_t *r, int kind, const void *data, size_t n)
     s->kind = kind;
     r->_nsegs++;
   }
-  /* Make room, then copy (possibly in two pieces around the wrap). */
   if (r->end + n - r->start > r->cap)
     evict_to(r, r->end + n - r->cap);
+}
+
+void osr_ring_append(osr_ring_t *r, int kind, const void *data, size_t n)
+{
+  const char *p = data;
+  if (n == 0)
+    return;
+  if (n > r->cap) {
+    /* Only the newest cap bytes can be kept; the rest still count. */
+    size_t skip = n - r->cap;
+    r->end += skip;
+    evict_to(r, r->end);
+    p += skip;
+    n = r->cap;
+  }
+  account(r, kind, n);
+  /* Copy, possibly in two pieces around the wrap. */
   size_t pos = (size_t)(r->end % r->cap);
   size_t first = r->cap - pos < n ? r->cap - pos : n;
   memcpy(r->buf + pos, p, first);
   if (n > first)
     memcpy(r->buf, p + first, n - first);
+  r->end += n;
+}
+
+char *osr_ring_tail(const osr_ring_t *r, size_t *len)
+{
+  size_t pos = (size_t)(r->end % r->cap);
+  *len = r->cap - pos;
+  return r->buf + pos;
+}
+
+void osr_ring_commit(osr_ring_t *r, int kind, size_t n)
+{
+  size_t len;
+  (void)osr_ring_tail(r, &len);
+  if (n == 0 || n > len)
+    return;
+  account(r, kind, n);
   r->end += n;
 }
 

@@ -51,6 +51,18 @@ void osr_ring_dispose(osr_ring_t *r);
  *  kept). Evicts the oldest bytes as needed. */
 void osr_ring_append(osr_ring_t *r, int kind, const void *data, size_t n);
 
+/**
+ * Append in place (a read straight into the ring, no copy): the contiguous
+ * space at the end, *len bytes up to the wrap (>= 1). Writing there
+ * overwrites the oldest bytes, so write at most osr_ring_room() for the
+ * slowest reader, then commit what was written; nothing else may touch the
+ * ring in between.
+ */
+char *osr_ring_tail(const osr_ring_t *r, size_t *len);
+/** The first n (<= the tail's length) bytes of osr_ring_tail() are stream
+ *  `kind`'s newest output: as osr_ring_append() of them, without the copy. */
+void osr_ring_commit(osr_ring_t *r, int kind, size_t n);
+
 /** Bytes that can be appended without evicting anything at or after
  *  offset `keep_from` (the slowest reader's position). */
 size_t osr_ring_room(const osr_ring_t *r, uint64_t keep_from);

@@ -124,6 +124,50 @@ static void test_room(void **state)
   osr_ring_dispose(&r);
 }
 
+/* In-place appends (a read straight into the ring) keep offsets, tags and
+ * eviction as osr_ring_append does, and never run past the wrap. */
+static void test_tail_commit(void **state)
+{
+  (void)state;
+  osr_ring_t r, ref;
+  osr_ring_init(&r, 16, 4);
+  osr_ring_init(&ref, 16, 4);
+  const char *text = "abcdefghijklmnopqrstuvwxyz0123456789";
+  size_t off = 0;
+  int kind = 1;
+  while (off < strlen(text)) {
+    size_t len = 0;
+    char *t = osr_ring_tail(&r, &len);
+    assert_true(len >= 1 && len <= 16);
+    assert_true(t + len == r.buf + r.cap); /* up to the wrap, no further */
+    size_t n = len < 5 ? len : 5;
+    if (off + n > strlen(text))
+      n = strlen(text) - off;
+    memcpy(t, text + off, n);
+    osr_ring_commit(&r, kind, n);
+    osr_ring_append(&ref, kind, text + off, n);
+    off += n;
+    kind = kind == 1 ? 2 : 1;
+    assert_int_equal(r.start, ref.start);
+    assert_int_equal(r.end, ref.end);
+  }
+  char a[64], b[64];
+  int ka[64], kb[64];
+  size_t na = drain(&r, r.start, a, ka, 64), nb = drain(&ref, ref.start, b, kb, 64);
+  assert_int_equal(na, nb);
+  assert_memory_equal(a, b, na);
+  assert_memory_equal(ka, kb, na * sizeof(int));
+  /* Nothing past the tail's length, nothing for 0. */
+  size_t len = 0;
+  (void)osr_ring_tail(&r, &len);
+  uint64_t end = r.end;
+  osr_ring_commit(&r, 1, len + 1);
+  osr_ring_commit(&r, 1, 0);
+  assert_int_equal(r.end, end);
+  osr_ring_dispose(&r);
+  osr_ring_dispose(&ref);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -131,6 +175,7 @@ int main(void)
       cmocka_unit_test(test_eviction_and_wrap),
       cmocka_unit_test(test_segment_cap),
       cmocka_unit_test(test_room),
+      cmocka_unit_test(test_tail_commit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
