@@ -14,6 +14,9 @@
   haproxy     -> haproxy (mode http, http-reuse always) -> backend
   dp-b        with --build-b DIR: "dataplane" from a second OSR build, for an
               interleaved A/B of two builds in the same rounds
+  splice-relay  (--only-big, asked for by name) bench/splice_relay: two
+              blocking splice(2) threads per connection and nothing else, the
+              floor of any user-space proxy in this layout
 
 Backends: nginx serving /hello (12 bytes) and /big (1 GiB), and a small
 asyncio WebSocket echo server (bench/dataplane_bench.py --ws-backend).
@@ -636,6 +639,12 @@ def main():
                                   "ports", "all", "86400"], capture_output=True, text=True,
                                  check=True).stdout.strip()
             paths[name] = (port, "/sbx/s1/%d", ("X-Access-Token: " + tok,), pids)
+        if "splice-relay" in want and a.only_big:
+            rport = services.free_port()
+            procs.append(pinned(a.server_cpu, [os.path.join(a.build, "bench", "splice_relay"),
+                                               str(rport), str(bport)]))
+            services._wait_port(rport)
+            paths["splice-relay"] = (rport, "", (), [procs[-1].pid])
         paths = {k: v for k, v in paths.items() if k in want}
 
         def prefix(name, backend_port):
