@@ -297,8 +297,13 @@ def exec_row(a, d, osr, mint, procs):
         f.write(EXEC_HAPROXY.format(port=ehport, sock=sock))
     procs.append(pinned(a.server_cpu, ["haproxy", "-f", path]))
     eh_pid = procs[-1].pid
+    rport = services.free_port()  # bench/splice_relay: the floor of any proxy
+    procs.append(pinned(a.server_cpu, [os.path.join(a.build, "bench", "splice_relay"),
+                                       str(rport), "unix:" + sock]))
+    rl_pid = procs[-1].pid
     services._wait_port(enport)
     services._wait_port(ehport)
+    services._wait_port(rport)
     hdr = "X-Access-Token: " + tok
     # name -> (exec_read arguments, proxy pid or None, agent pid)
     paths = {EXEC_PIPE: (None, None, agent_pid)}
@@ -310,6 +315,8 @@ def exec_row(a, d, osr, mint, procs):
                                      agent_pid)
         paths["dataplane " + codec] = (["connect", "127.0.0.1:%d" % dport,
                                         "/sbx/s1/%d" % 49983, codec, nb, hdr], dp_pid, agent_pid)
+        paths["splice-relay " + codec] = (["connect", "127.0.0.1:%d" % rport, "", codec, nb],
+                                          rl_pid, agent_pid)
     paths["dataplane console"] = (["ws", "127.0.0.1:%d" % dport, "/v1/sandboxes/s1/exec?"
                                    + exec_cmd_query(nb), nb, hdr], dp_pid, agent_pid)
     if "dp-b" in osr:  # --build-b: the other build's data plane and agent

@@ -7,7 +7,11 @@
  * the proxy's CPU is the kernel's loopback TCP work of a second hop, which
  * every proxy pays; so no proxy in that layout is faster than this.
  *
- *   splice_relay LISTEN_PORT BACKEND_PORT
+ *   splice_relay LISTEN_PORT BACKEND_PORT|unix:PATH
+ *
+ * With unix:PATH (osr-agent's socket) it is the same floor for the exec
+ * stdout row (path "splice-relay proto"): the agent's Connect stream passed
+ * through byte for byte.
  *
  * Bench tool: libc + pthreads, 127.0.0.1 only, runs until killed.
  */
@@ -20,11 +24,30 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 typedef struct dir_s {
   int from, to;
 } dir_t;
+
+static int unix_to(const char *path)
+{
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  if (fd < 0 || strlen(path) >= sizeof(a.sun_path)) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  strcpy(a.sun_path, path);
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    perror("connect");
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 static int tcp_to(int port)
 {
@@ -92,10 +115,11 @@ static void *serve(void *arg)
 int main(int argc, char **argv)
 {
   if (argc != 3) {
-    fprintf(stderr, "usage: splice_relay LISTEN_PORT BACKEND_PORT\n");
+    fprintf(stderr, "usage: splice_relay LISTEN_PORT BACKEND_PORT|unix:PATH\n");
     return 2;
   }
-  int bport = atoi(argv[2]);
+  const char *upath = strncmp(argv[2], "unix:", 5) == 0 ? argv[2] + 5 : NULL;
+  int bport = upath != NULL ? 0 : atoi(argv[2]);
   int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -110,7 +134,7 @@ int main(int argc, char **argv)
     if (c < 0)
       continue;
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    int b = tcp_to(bport);
+    int b = upath != NULL ? unix_to(upath) : tcp_to(bport);
     if (b < 0) {
       close(c);
       continue;
