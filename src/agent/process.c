@@ -401,13 +401,18 @@ static void sub_pump_loop(sub_t *s)
         return;
       continue;
     }
-    memcpy(linear, iov[0].base, iov[0].len);
-    if (iov[1].len > 0)
+    /* Encoded from the ring itself; only a run that wraps (once per ring
+     * turn) is joined in `linear` first. */
+    const char *src = iov[0].base;
+    if (iov[1].len > 0) {
+      memcpy(linear, iov[0].base, iov[0].len);
       memcpy(linear + iov[0].len, iov[1].base, iov[1].len);
+      src = linear;
+    }
     const char *field = kind == KIND_PTY ? "pty" : kind == KIND_STDERR ? "stderr" : "stdout";
     int len = snprintf(frame_buf, 64, "{\"event\":{\"data\":{\"%s\":\"", field);
     size_t off = (size_t)len;
-    off += osr_b64_encode(linear, (size_t)n, frame_buf + off, 1);
+    off += osr_b64_encode(src, (size_t)n, frame_buf + off, 1);
     memcpy(frame_buf + off, "\"}}}", 4);
     off += 4;
     s->cursor += (uint64_t)n;
