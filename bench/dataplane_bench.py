@@ -42,16 +42,23 @@ Rows, per path:
 Usage: bench/dataplane_bench.py [--build DIR] [--rounds N] [--duration S]
             [--conns N] [--rate R] [--idle N] [--paths a,b] [--no-big] [--only-big]
             [--only-exec] [--exec-rounds N] [--exec-bytes B] [--exec-codecs json,proto]
-  --only-big   the 1 GiB download row alone, with the proxies' CPU s/GiB
+            [--exec-paths A,B] [--build-b DIR]
+  --only-big   the 1 GiB download row alone, with the CPU s/GiB of the proxy,
+               the backend nginx (on the proxy's CPU) and curl, and the
+               proxy's context switches per GiB
   --only-exec  the 1 GiB exec stdout row alone: the agent's Connect stream
-               read directly, through nginx, haproxy and osr-dataplane (envd
-               route and exec console), and the bare pipe as a ceiling; the
-               agent's and the proxy's CPU s/GiB (bench/exec_read reads all)
+               read directly, through nginx, haproxy, bench/splice_relay (the
+               floor) and osr-dataplane (envd route and exec console), and the
+               bare pipe as a ceiling; the CPU s/GiB of the agent (with its
+               child `head`) and of the proxy (bench/exec_read reads all);
+               with --build-b also "dp-b proto|json|console" (the second
+               build's data plane and agent)
+  --exec-paths the exec row's paths to run, by name or first word
   --only-latency  the open-loop and WebSocket echo rows alone (no wrk, 1 GiB
                or idle rows): with --build-b and many --rounds, the A/B of
                the added latency
 Needs: wrk, curl, nginx, haproxy, taskset; the build's osr-dataplane,
-osr-agent, dp-mint and bench/openloop.
+osr-agent, dp-mint, bench/openloop, bench/exec_read and bench/splice_relay.
 """
 import argparse
 import asyncio
