@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""WAL flushes per create with PostgreSQL (fsync on), a load-independent count.
+"""WAL flushes, commits, round trips and CPU per create with PostgreSQL (fsync on):
+load-independent counts.
 
 For each gateway given (this build's, and --base-gateway), on a fresh
 database of one PostgreSQL server restarted with fsync = on: N creates at
@@ -10,7 +11,7 @@ for) and, separately, of the rest of the server (WAL writer, checkpointer:
 off every create's path). Also pg_stat_database's commits per create.
 
 Usage: bench/create_pg_syncs.py [--build DIR] [--base-gateway EXE] [-n 3000] [-c 10]
-       [--mode inproc|url] [--rounds 1] [--pg-params '?binding_commit=sync']
+       [--mode inproc|url] [--rounds 1] [--pg-params '?binding_commit=sync'] [--syscalls]
 """
 import argparse
 import os
@@ -43,6 +44,57 @@ def strace_stop(p):
     return n
 
 
+def proc_cpu(pid):
+    """utime+stime of pid (all its threads), seconds; 0 if it is gone."""
+    try:
+        return create_bench.cpu_seconds(pid)
+    except OSError:
+        return 0.0
+
+
+def store_tids(pid):
+    """The gateway's store worker threads: named osr-store (this build), else
+    every thread but the loop (older builds do not name them)."""
+    tids, rest = [], []
+    for t in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, t)) as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm.startswith("osr-store"):
+            tids.append(int(t))
+        elif int(t) != pid:
+            rest.append(int(t))
+    return tids or rest
+
+
+NET = "sendto,recvfrom,poll,ppoll,read,write,sendmsg,recvmsg,futex"
+
+
+def syscall_count(tids):
+    argv = ["strace", "-c", "-e", "trace=" + NET]
+    for t in tids:
+        argv += ["-p", str(t)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def syscall_stop(p):
+    p.send_signal(2)
+    err = p.communicate(timeout=30)[1]
+    out = {}
+    for ln in err.splitlines():
+        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", ln)
+        if m and m.group(2) != "total":
+            out[m.group(2)] = int(m.group(1))
+    return out
+
+
+def wal_stats(pg):
+    s, w = pg.psql("SELECT wal_sync, wal_write FROM pg_stat_wal").strip().split("|")
+    return int(s), int(w)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(here, "..", "build-release"))
@@ -52,6 +104,8 @@ def main():
     ap.add_argument("--mode", default="inproc", choices=["inproc", "url"])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--pg-params", default="", help="appended to the store URL, e.g. ?binding_commit=sync")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="then N more creates with the store threads under strace -c")
     a = ap.parse_args()
     ns = argparse.Namespace(build=a.build, sim=None, load=None, warmup=0, gw_cpu=1, load_cpu=0,
                             base_gateway=None, pg_params=a.pg_params)
@@ -71,6 +125,24 @@ def main():
                 gw_pids = [int(r.split("|")[0]) for r in rows if r.endswith("|osr-gateway")]
                 bg = b.pg.psql("SELECT pid FROM pg_stat_activity WHERE backend_type IN ('walwriter', "
                                "'checkpointer', 'background writer')").split()
+                # Untraced: commits, the server's WAL flushes and CPU.
+                c0 = int(b.pg.psql("SELECT xact_commit FROM pg_stat_database WHERE datname = '%s'" % db))
+                w0 = wal_stats(b.pg)
+                cpu0 = sum(proc_cpu(p) for p in gw_pids)
+                g0 = proc_cpu(g.pid)
+                t0 = time.time()
+                r = b.gw_load(g, a.c, count=a.n)
+                dt = time.time() - t0
+                c1 = int(b.pg.psql("SELECT xact_commit FROM pg_stat_database WHERE datname = '%s'" % db))
+                w1 = wal_stats(b.pg)
+                cpu1 = sum(proc_cpu(p) for p in gw_pids)
+                g1 = proc_cpu(g.pid)
+                print("%s round %d: %d creates at C=%d in %.2f s (%d ok, %d backends): commits %.3f, "
+                      "pg_stat_wal wal_sync %.3f wal_write %.3f, backend CPU %.0f us, gateway CPU %.0f us "
+                      "per create (load %.2f)" % (
+                          name, rnd, a.n, a.c, dt, r["ok"], len(gw_pids), (c1 - c0) / a.n,
+                          (w1[0] - w0[0]) / a.n, (w1[1] - w0[1]) / a.n, (cpu1 - cpu0) * 1e6 / a.n,
+                          (g1 - g0) * 1e6 / a.n, os.getloadavg()[0]), flush=True)
                 c0 = int(b.pg.psql("SELECT xact_commit FROM pg_stat_database WHERE datname = '%s'" % db))
                 s1, s2 = strace_count(gw_pids), strace_count([int(x) for x in bg])
                 time.sleep(0.5)
@@ -79,11 +151,20 @@ def main():
                 dt = time.time() - t0
                 n1, n2 = strace_stop(s1), strace_stop(s2)
                 c1 = int(b.pg.psql("SELECT xact_commit FROM pg_stat_database WHERE datname = '%s'" % db))
-                b.stop_gw(g)
                 print("%s round %d: %d creates at C=%d in %.1f s (%d ok): backend flushes per create %.3f, "
                       "background flushes per create %.3f, commits per create %.2f (load %.2f)" % (
                           name, rnd, a.n, a.c, dt, r["ok"], n1 / a.n, n2 / a.n, (c1 - c0) / a.n,
                           os.getloadavg()[0]), flush=True)
+                if a.syscalls:
+                    tids = store_tids(g.pid)
+                    sc = syscall_count(tids)
+                    time.sleep(0.5)
+                    b.gw_load(g, a.c, count=a.n)
+                    counts = syscall_stop(sc)
+                    print("%s round %d: store threads (%d) system calls per create: %s" % (
+                        name, rnd, len(tids), ", ".join("%s %.2f" % (k, v / a.n)
+                                                        for k, v in sorted(counts.items()))), flush=True)
+                b.stop_gw(g)
     finally:
         if sim is not None:
             sim.stop()

@@ -90,6 +90,39 @@ const char *const osr__stmt_sql[OSR__ST_COUNT] = {
                          "revoked_ms END WHERE key_id = $1",
   [OSR__ST_AUDIT_INSERT] = "INSERT INTO audit (at_ms, tenant, actor, action, sandbox_id, outcome, "
                            "detail_json) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+  /* PostgreSQL only (osr__db_vtbl_t.array_params): the three statements
+   * above for many rows at once, parameter $k being the array of every
+   * row's $k. Rows go in array order. ON CONFLICT DO NOTHING also skips a
+   * row that conflicts with an earlier row of the same statement; RETURNING
+   * names the rows that were written, the others are resolved one by one
+   * (store.c op_create_rows, op_update_rows). */
+  [OSR__ST_B_INSERT_ROWS] =
+    "INSERT INTO bindings (" OSR__B_COLS ") SELECT * FROM unnest($1::text[], $2::text[], "
+    "$3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::integer[], "
+    "$10::text[], $11::integer[], $12::integer[], $13::bigint[], $14::bigint[], $15::bigint[], "
+    "$16::bigint[], $17::bigint[], $18::bigint[], $19::text[], $20::text[], $21::text[], "
+    "$22::text[], $23::text[], $24::text[]) AS v ON CONFLICT DO NOTHING RETURNING id",
+  /* B_UPDATE_IF per row ($18 = 0 and $19 = 0: B_UPDATE). The join probes
+   * the primary key once per row. */
+  [OSR__ST_B_UPDATE_ROWS] =
+    "UPDATE bindings AS b SET provider = v.provider, provider_id = v.provider_id, region = "
+    "v.region, isolation = v.isolation, agent_endpoint = v.agent_endpoint, state = v.state, "
+    "attempt = v.attempt, updated_ms = v.updated_ms, expires_ms = v.expires_ms, idle_timeout_ms = "
+    "v.idle_timeout_ms, last_activity_ms = CASE WHEN b.last_activity_ms > v.last_activity_ms THEN "
+    "b.last_activity_ms ELSE v.last_activity_ms END, ended_ms = v.ended_ms, end_reason = "
+    "v.end_reason, granted_json = v.granted_json, error_json = v.error_json, owner = CASE WHEN "
+    "v.owner = '' THEN b.owner ELSE v.owner END FROM unnest($1::text[], $2::text[], $3::text[], "
+    "$4::text[], $5::integer[], $6::text[], $7::integer[], $8::integer[], $9::bigint[], "
+    "$10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::text[], "
+    "$16::text[], $17::text[], $18::integer[], $19::bigint[]) AS v (id, provider, provider_id, "
+    "region, isolation, agent_endpoint, state, attempt, updated_ms, expires_ms, idle_timeout_ms, "
+    "last_activity_ms, ended_ms, end_reason, granted_json, error_json, owner, if_state, "
+    "if_updated_ms) WHERE b.id = v.id AND (v.if_state = 0 OR b.state = v.if_state) AND "
+    "(v.if_updated_ms = 0 OR b.updated_ms = v.if_updated_ms) RETURNING b.id",
+  [OSR__ST_AUDIT_INSERT_ROWS] =
+    "INSERT INTO audit (at_ms, tenant, actor, action, sandbox_id, outcome, detail_json) SELECT * "
+    "FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], "
+    "$7::text[]) AS v",
 };
 
 static const char migration_1[] =

@@ -46,6 +46,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +206,7 @@ struct osr_store_s {
   uv_mutex_t migrate_mu;
   atomic_int migrated;
   atomic_llong circuit_until_ms;  /* monotonic ms; connect attempts wait until then */
+  atomic_ullong n_tx, n_req, n_rowstmt, n_rows, n_split; /* osr_store_stats */
 };
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -761,13 +763,11 @@ static void sqlb_add(sqlb_t *q, const char *fmt, ...)
  * OSR_ENOTFOUND, OSR_ECONFLICT), or a database error that aborts the
  * transaction it runs in. */
 
-static int op_create(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+/* The parameters of B_INSERT for one binding, in column order. */
+#define CREATE_NARGS 24
+static void create_args(const osr_binding_t *b, osr__sql_arg_t *a)
 {
-  osr_binding_t *b = &r->u.bind.b;
-  int64_t changes = 0;
-  int rv, found;
-  size_t i;
-  osr__sql_arg_t a[24] = {
+  const osr__sql_arg_t v[CREATE_NARGS] = {
     A_TEXT(b->id), A_TEXT(b->tenant), A_TEXT(b->idem_key), A_TEXT(b->request_hash),
     A_TEXT(b->template_id), A_TEXT(b->provider), A_TEXT(b->provider_id), A_TEXT(b->region),
     A_INT(b->isolation), A_TEXT(b->agent_endpoint), A_INT(b->state), A_INT(b->attempt),
@@ -776,51 +776,70 @@ static int op_create(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
     A_TEXT(b->request_json), A_TEXT(b->granted_json), A_TEXT(b->metadata_json),
     A_TEXT(b->error_json), A_TEXT(b->owner),
   };
+  memcpy(a, v, sizeof(v));
+}
 
-  rv = be->exec(db, OSR__ST_B_INSERT, NULL, a, 24, &changes);
-  if (rv != 0)
-    return rv;
-  if (changes == 1) {
-    for (i = 0; i < r->u.bind.nmeta; i++) {
-      osr__sql_arg_t m[3] = {A_TEXT(b->id), A_TEXT(r->u.bind.meta[i].k), A_TEXT(r->u.bind.meta[i].v)};
-      rv = be->exec(db, OSR__ST_META_INSERT, NULL, m, 3, NULL);
-      if (rv != 0)
-        return rv;
-    }
-    r->u.bind.created = 1;
-    r->status = 0;
-    return 0;
-  }
-  /* Nothing inserted: the (tenant, key) row exists (committed by anyone, or
-   * inserted earlier in this very batch) and is the answer. With no key the
-   * conflict can only be the id itself. */
-  if (b->idem_key[0] == '\0') {
-    r->status = OSR_ECONFLICT;
-    return 0;
-  }
-  {
-    osr__sql_arg_t k[2] = {A_TEXT(b->tenant), A_TEXT(b->idem_key)};
-    rv = query_one(be, db, OSR__ST_B_BY_KEY, k, 2, &found, fill_binding_cb, &r->u.bind.out);
+/* The binding row was inserted: its metadata rows follow. */
+static int create_written(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  const osr_binding_t *b = &r->u.bind.b;
+  size_t i;
+  int rv;
+
+  for (i = 0; i < r->u.bind.nmeta; i++) {
+    osr__sql_arg_t m[3] = {A_TEXT(b->id), A_TEXT(r->u.bind.meta[i].k), A_TEXT(r->u.bind.meta[i].v)};
+    rv = be->exec(db, OSR__ST_META_INSERT, NULL, m, 3, NULL);
     if (rv != 0)
       return rv;
-    if (!found) {
-      r->status = OSR_ECONFLICT;
-      return 0;
-    }
   }
-  r->u.bind.created = 0;
+  r->u.bind.created = 1;
   r->status = 0;
   return 0;
 }
 
-static int op_audit_insert(const osr__db_vtbl_t *be, osr__db_t *db, const osr_audit_event_t *e);
-
-static int op_update(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+/* Nothing was inserted: the (tenant, key) row exists (committed by anyone,
+ * or inserted earlier in this very batch, even by the same statement) and is
+ * the answer. With no key the conflict can only be the id itself. */
+static int create_not_written(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
 {
   const osr_binding_t *b = &r->u.bind.b;
+  osr__sql_arg_t k[2] = {A_TEXT(b->tenant), A_TEXT(b->idem_key)};
+  int rv, found;
+
+  r->u.bind.created = 0;
+  if (b->idem_key[0] == '\0') {
+    r->status = OSR_ECONFLICT;
+    return 0;
+  }
+  rv = query_one(be, db, OSR__ST_B_BY_KEY, k, 2, &found, fill_binding_cb, &r->u.bind.out);
+  if (rv != 0)
+    return rv;
+  r->status = found ? 0 : OSR_ECONFLICT;
+  return 0;
+}
+
+static int op_create(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[CREATE_NARGS];
   int64_t changes = 0;
-  int rv, found, cond = r->u.bind.if_state != 0 || r->u.bind.if_updated_ms != 0;
-  osr__sql_arg_t a[19] = {
+  int rv;
+
+  create_args(&r->u.bind.b, a);
+  rv = be->exec(db, OSR__ST_B_INSERT, NULL, a, CREATE_NARGS, &changes);
+  if (rv != 0)
+    return rv;
+  return changes == 1 ? create_written(be, db, r) : create_not_written(be, db, r);
+}
+
+static int op_audit_insert(const osr__db_vtbl_t *be, osr__db_t *db, const osr_audit_event_t *e);
+
+/* The parameters of B_UPDATE_IF for one request (B_UPDATE takes the first
+ * 17), in order. */
+#define UPDATE_NARGS 19
+static void update_args(const osr__req_t *r, osr__sql_arg_t *a)
+{
+  const osr_binding_t *b = &r->u.bind.b;
+  const osr__sql_arg_t v[UPDATE_NARGS] = {
     A_TEXT(b->id), A_TEXT(b->provider), A_TEXT(b->provider_id), A_TEXT(b->region),
     A_INT(b->isolation), A_TEXT(b->agent_endpoint), A_INT(b->state), A_INT(b->attempt),
     A_INT(b->updated_ms), A_INT(b->expires_ms), A_INT(b->idle_timeout_ms),
@@ -828,23 +847,46 @@ static int op_update(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
     A_TEXT(b->granted_json), A_TEXT(b->error_json), A_TEXT(b->owner),
     A_INT(r->u.bind.if_state), A_INT(r->u.bind.if_updated_ms),
   };
-  rv = be->exec(db, cond ? OSR__ST_B_UPDATE_IF : OSR__ST_B_UPDATE, NULL, a, cond ? 19 : 17,
-                &changes);
+  memcpy(a, v, sizeof(v));
+}
+
+static int update_is_cond(const osr__req_t *r)
+{
+  return r->u.bind.if_state != 0 || r->u.bind.if_updated_ms != 0;
+}
+
+/* The update changed no row: lost the compare-and-set, or the row is gone.
+ * Callers treat these differently (someone else resolved it vs nothing to
+ * resolve). */
+static int update_missed(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[1] = {A_TEXT(r->u.bind.b.id)};
+  int rv, found;
+
+  r->status = OSR_ENOTFOUND;
+  if (!update_is_cond(r))
+    return 0;
+  rv = query_one(be, db, OSR__ST_B_EXISTS, a, 1, &found, fill_nothing_cb, NULL);
   if (rv != 0)
     return rv;
-  if (changes == 0) {
-    r->status = OSR_ENOTFOUND;
-    if (cond) {
-      /* Lost the compare-and-set, or the row is gone: callers treat these
-       * differently (someone else resolved it vs nothing to resolve). */
-      rv = query_one(be, db, OSR__ST_B_EXISTS, a, 1, &found, fill_nothing_cb, NULL);
-      if (rv != 0)
-        return rv;
-      if (found)
-        r->status = OSR_ECONFLICT;
-    }
-    return 0;
-  }
+  if (found)
+    r->status = OSR_ECONFLICT;
+  return 0;
+}
+
+static int op_update(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
+{
+  osr__sql_arg_t a[UPDATE_NARGS];
+  int64_t changes = 0;
+  int rv, cond = update_is_cond(r);
+
+  update_args(r, a);
+  rv = be->exec(db, cond ? OSR__ST_B_UPDATE_IF : OSR__ST_B_UPDATE, NULL, a,
+                cond ? UPDATE_NARGS : UPDATE_NARGS - 2, &changes);
+  if (rv != 0)
+    return rv;
+  if (changes == 0)
+    return update_missed(be, db, r);
   /* The audit row rides in the same transaction: it exists exactly when
    * the change it describes was committed, at no extra commit. */
   if (r->u.bind.has_audit) {
@@ -1052,12 +1094,22 @@ static int op_key_revoke(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
   return 0;
 }
 
+/* The parameters of AUDIT_INSERT for one event, in order. */
+#define AUDIT_NARGS 7
+static void audit_args(const osr_audit_event_t *e, osr__sql_arg_t *a)
+{
+  const osr__sql_arg_t v[AUDIT_NARGS] = {A_INT(e->at_ms),      A_TEXT(e->tenant),
+                                         A_TEXT(e->actor),     A_TEXT(e->action),
+                                         A_TEXT(e->sandbox_id), A_TEXT(e->outcome),
+                                         A_TEXT(e->detail_json)};
+  memcpy(a, v, sizeof(v));
+}
+
 static int op_audit_insert(const osr__db_vtbl_t *be, osr__db_t *db, const osr_audit_event_t *e)
 {
-  osr__sql_arg_t a[7] = {A_INT(e->at_ms),       A_TEXT(e->tenant),  A_TEXT(e->actor),
-                         A_TEXT(e->action),     A_TEXT(e->sandbox_id), A_TEXT(e->outcome),
-                         A_TEXT(e->detail_json)};
-  return be->exec(db, OSR__ST_AUDIT_INSERT, NULL, a, 7, NULL);
+  osr__sql_arg_t a[AUDIT_NARGS];
+  audit_args(e, a);
+  return be->exec(db, OSR__ST_AUDIT_INSERT, NULL, a, AUDIT_NARGS, NULL);
 }
 
 static int op_audit_append(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
@@ -1178,6 +1230,162 @@ static int run_op(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
   case OP_COUNT: return op_count(be, db, r);
   }
   return OSR__EDB;
+}
+
+/* ---- the worker side: many rows in one statement ------------------------------------- */
+
+/* On a backend with array parameters, a batch's consecutive creates become
+ * one B_INSERT_ROWS and its consecutive binding updates one B_UPDATE_ROWS
+ * (plus one AUDIT_INSERT_ROWS for their audit rows). At concurrency 100 a
+ * PostgreSQL transaction held ~15 creates, each its own INSERT: a round
+ * trip, a backend wake-up and a statement's executor start-up per row, and
+ * the server's CPU (on the same cores as the gateway) was what capped the
+ * rate, not its WAL flushes (0.04 per create). Per row the answer is the
+ * one the single-row statement gives: a row the statement did not write is
+ * resolved on its own (create_not_written, update_missed), and a statement
+ * that fails takes the transaction with it, after which run_batch runs every
+ * request alone (so one bad row fails only its own request). */
+
+/* Column-major parameters of a *_ROWS statement: ncols array arguments of
+ * up to OSR__STORE_ROWS_MAX elements each. */
+typedef struct rows_s {
+  osr__sql_arg_t cols[CREATE_NARGS];
+  osr__sql_arg_t cells[CREATE_NARGS][OSR__STORE_ROWS_MAX];
+  int ncols;
+  int n;
+} rows_t;
+
+/* ~60 KiB: on the heap, not the worker's stack; freed with osr_free. */
+static rows_t *rows_new(int ncols)
+{
+  rows_t *t = osr_xmalloc(sizeof(*t));
+  t->ncols = ncols;
+  t->n = 0;
+  return t;
+}
+
+/* Append one row given as the single-row statement's parameters. */
+static void rows_add(rows_t *t, const osr__sql_arg_t *a)
+{
+  int c;
+  for (c = 0; c < t->ncols; c++)
+    t->cells[c][t->n] = a[c];
+  t->n++;
+}
+
+/* The array arguments, valid until the next rows_add. */
+static const osr__sql_arg_t *rows_args(rows_t *t)
+{
+  int c;
+  for (c = 0; c < t->ncols; c++)
+    t->cols[c] = (osr__sql_arg_t){.elems = t->cells[c], .nelems = t->n};
+  return t->cols;
+}
+
+static const char *req_bind_id(const osr__req_t *r)
+{
+  return r->u.bind.b.id;
+}
+
+/* How many requests from reqs[0] one multi-row statement takes: the run of
+ * creates (or of updates) with distinct ids, up to OSR__STORE_ROWS_MAX. A
+ * repeated id ends the run, so a request sees the rows of every request
+ * before it exactly as when each runs alone (the second update of one row
+ * compares against the first's result). 1: run it on its own. */
+static size_t rows_run(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
+{
+  req_op_t op = reqs[0]->op;
+  size_t k, j;
+
+  if (!be->array_params || (op != OP_CREATE && op != OP_UPDATE))
+    return 1;
+  for (k = 1; k < n && k < OSR__STORE_ROWS_MAX && reqs[k]->op == op; k++) {
+    for (j = 0; j < k; j++)
+      if (strcmp(req_bind_id(reqs[j]), req_bind_id(reqs[k])) == 0)
+        return k;
+  }
+  return k;
+}
+
+/* Run a *_ROWS statement whose RETURNING gives the id of every row it
+ * wrote; mark those requests in `hit` (ids are distinct: rows_run). */
+static int rows_returning(const osr__db_vtbl_t *be, osr__db_t *db, int stmt, rows_t *t,
+                          osr__req_t **reqs, size_t n, unsigned char *hit)
+{
+  int rv = be->query(db, stmt, NULL, rows_args(t), t->ncols);
+  size_t i;
+
+  memset(hit, 0, n);
+  while (rv == 0 && (rv = be->row_next(db)) > 0) {
+    const char *id = be->col_text(db, 0);
+    for (i = 0; id != NULL && i < n; i++) {
+      if (!hit[i] && strcmp(req_bind_id(reqs[i]), id) == 0) {
+        hit[i] = 1;
+        break;
+      }
+    }
+    rv = 0;
+  }
+  be->query_end(db);
+  return rv < 0 ? rv : 0;
+}
+
+static int op_create_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **reqs, size_t n)
+{
+  rows_t *t = rows_new(CREATE_NARGS);
+  osr__sql_arg_t a[CREATE_NARGS];
+  unsigned char hit[OSR__STORE_ROWS_MAX];
+  size_t i;
+  int rv;
+
+  for (i = 0; i < n; i++) {
+    create_args(&reqs[i]->u.bind.b, a);
+    rows_add(t, a);
+  }
+  rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit);
+  osr_free(t);
+  for (i = 0; rv == 0 && i < n; i++)
+    rv = hit[i] ? create_written(be, db, reqs[i]) : create_not_written(be, db, reqs[i]);
+  return rv;
+}
+
+static int op_update_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **reqs, size_t n)
+{
+  rows_t *t = rows_new(UPDATE_NARGS);
+  osr__sql_arg_t a[UPDATE_NARGS];
+  unsigned char hit[OSR__STORE_ROWS_MAX];
+  size_t i;
+  int rv;
+
+  for (i = 0; i < n; i++) {
+    update_args(reqs[i], a);
+    rows_add(t, a);
+  }
+  rv = rows_returning(be, db, OSR__ST_B_UPDATE_ROWS, t, reqs, n, hit);
+  if (rv != 0) {
+    osr_free(t);
+    return rv;
+  }
+  /* The audit rows of the updates that applied, in request order, in the
+   * same transaction (as op_update). */
+  t->ncols = AUDIT_NARGS;
+  t->n = 0;
+  for (i = 0; i < n; i++) {
+    if (hit[i] && reqs[i]->u.bind.has_audit) {
+      audit_args(&reqs[i]->u.bind.ev, a);
+      rows_add(t, a);
+    }
+  }
+  if (t->n > 0)
+    rv = be->exec(db, OSR__ST_AUDIT_INSERT_ROWS, NULL, rows_args(t), AUDIT_NARGS, NULL);
+  for (i = 0; rv == 0 && i < n; i++) {
+    if (hit[i])
+      reqs[i]->status = 0;
+    else
+      rv = update_missed(be, db, reqs[i]);
+  }
+  osr_free(t);
+  return rv;
 }
 
 /* ---- the worker side: migrations ------------------------------------------------------- */
@@ -1319,7 +1527,7 @@ static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, i
   /* A batch is all relaxed or all strict (worker_main splits them). */
   int relaxed = n > 0 && reqs[0]->relaxed;
   const osr__db_vtbl_t *be = st->be;
-  size_t i;
+  size_t i, k;
   int rv;
 
   *at_commit = 0;
@@ -1330,8 +1538,19 @@ static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, i
     rv = be->exec(db, OSR__ST_RELAX, NULL, NULL, 0, NULL);
   if (rv != 0)
     return rv;
-  for (i = 0; i < n; i++) {
-    rv = run_op(be, db, reqs[i]);
+  atomic_fetch_add(&st->n_tx, 1);
+  for (i = 0; i < n; i += k) {
+    k = rows_run(be, reqs + i, n - i);
+    if (k > 1) {
+      atomic_fetch_add(&st->n_rowstmt, 1);
+      atomic_fetch_add(&st->n_rows, k);
+    }
+    if (k == 1)
+      rv = run_op(be, db, reqs[i]);
+    else if (reqs[i]->op == OP_CREATE)
+      rv = op_create_rows(be, db, reqs + i, k);
+    else
+      rv = op_update_rows(be, db, reqs + i, k);
     if (rv != 0) {
       if (rv != OSR_EUNAVAILABLE)
         be->exec(db, OSR__ST_ROLLBACK, NULL, NULL, 0, NULL);
@@ -1408,6 +1627,7 @@ static void run_batch(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t 
     /* One statement failed and took the transaction with it: run each
      * request on its own so the others are not punished. Deadlocks and
      * serialization failures are retried a few times. */
+    atomic_fetch_add(&st->n_split, 1);
     for (i = 0; i < n; i++) {
       for (tries = 0; tries < 3; tries++) {
         rv = run_tx(st, db, &reqs[i], 1, &at_commit);
@@ -1470,6 +1690,7 @@ static void run_and_deliver(osr_store_t *st, osr__db_t *db, osr__req_t **batch, 
                 " us, runqueue %" PRIu64 " us)", n, batch[0]->relaxed ? " relaxed" : "", t0 / 1000,
                 (t1 - t0) / 1000, (c1 - c0) / 1000, (w1 - w0) / 1000);
 
+  atomic_fetch_add(&st->n_req, n);
   uv_mutex_lock(&st->mu);
   for (i = 0; i < n; i++)
     req_append(&st->done_head, &st->done_tail, batch[i]);
@@ -1483,6 +1704,9 @@ static void worker_main(void *arg)
   osr__db_t *db = st->be->db_new(st);
   osr__req_t *batch[OSR__STORE_BATCH_MAX];
   size_t n, nrel, i;
+
+  /* Named for top -H, strace and bench/create_pg_syncs.py. */
+  (void)pthread_setname_np(pthread_self(), "osr-store");
 
   for (;;) {
     uv_mutex_lock(&st->mu);
@@ -1571,6 +1795,11 @@ int osr_store_open(uv_loop_t *loop, const char *url, osr_store_open_cb cb, void 
     abort(); /* only fails on resource exhaustion at start-up */
   atomic_init(&st->migrated, 0);
   atomic_init(&st->circuit_until_ms, 0);
+  atomic_init(&st->n_tx, 0);
+  atomic_init(&st->n_req, 0);
+  atomic_init(&st->n_rowstmt, 0);
+  atomic_init(&st->n_rows, 0);
+  atomic_init(&st->n_split, 0);
   rv = uv_async_init(loop, &st->async, on_async);
   if (rv != 0) {
     uv_mutex_destroy(&st->mu);
@@ -1656,6 +1885,17 @@ uint64_t osr_store_last_latency_us(const osr_store_t *st)
 const osr_store_timing_t *osr_store_last_timing(const osr_store_t *st)
 {
   return &st->last_timing;
+}
+
+void osr_store_stats(const osr_store_t *st, osr_store_stats_t *out)
+{
+  /* The atomics are only read; the cast drops const for C11's atomic_load. */
+  osr_store_t *m = (osr_store_t *)st;
+  out->transactions = atomic_load(&m->n_tx);
+  out->requests = atomic_load(&m->n_req);
+  out->row_statements = atomic_load(&m->n_rowstmt);
+  out->rows = atomic_load(&m->n_rows);
+  out->split_batches = atomic_load(&m->n_split);
 }
 
 int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_binding_cb cb,

@@ -262,4 +262,15 @@ typedef struct osr_store_timing_s {
 } osr_store_timing_t;
 const osr_store_timing_t *osr_store_last_timing(const osr_store_t *st);
 
+/** Counters since the store was opened (any thread may read them; each is
+ *  exact, the set is not one snapshot). */
+typedef struct osr_store_stats_s {
+  uint64_t transactions;    /**< transactions run, retries included */
+  uint64_t requests;        /**< requests answered by a worker */
+  uint64_t row_statements;  /**< multi-row statements (creates or updates of one batch) */
+  uint64_t rows;            /**< requests those statements carried */
+  uint64_t split_batches;   /**< batches rolled back and rerun one request at a time */
+} osr_store_stats_t;
+void osr_store_stats(const osr_store_t *st, osr_store_stats_t *out);
+
 #endif

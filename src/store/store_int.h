@@ -30,6 +30,9 @@
 #define OSR__STORE_KEYS_MAX 1000        /* rows per key listing */
 #define OSR__STORE_QUEUE_MAX 100000     /* queued requests before we shed load */
 #define OSR__STORE_BATCH_MAX 512        /* requests per group-commit transaction */
+/* Rows per multi-row statement (backends with array parameters): bounds the
+ * array texts one statement carries, up to this many 64 KiB documents. */
+#define OSR__STORE_ROWS_MAX 64
 
 /* Internal status: a statement failed in a way that poisons the current
  * transaction (PostgreSQL aborts it; we treat SQLite the same) but says
@@ -58,6 +61,12 @@ typedef enum osr__stmt_e {
   OSR__ST_KEY_LIST_TENANT,
   OSR__ST_KEY_REVOKE,
   OSR__ST_AUDIT_INSERT,
+  /* Multi-row forms of B_INSERT, B_UPDATE_IF and AUDIT_INSERT whose every
+   * parameter is an array with one element per row (osr__sql_arg_t.elems):
+   * only run on a backend whose vtbl sets array_params. */
+  OSR__ST_B_INSERT_ROWS,
+  OSR__ST_B_UPDATE_ROWS,
+  OSR__ST_AUDIT_INSERT_ROWS,
   OSR__ST_COUNT
 } osr__stmt_t;
 
@@ -87,11 +96,15 @@ extern const size_t osr__nmigrations;
 
 /* ---- the SQL layer each backend implements ---------------------------------- */
 
-/** A statement parameter: text (s != NULL), integer (is_int) or NULL. */
+/** A statement parameter: text (s != NULL), integer (is_int) or NULL; or,
+ *  when elems != NULL, an array of nelems such values (no nested arrays),
+ *  for the *_ROWS statements. */
 typedef struct osr__sql_arg_s {
   const char *s;
   int64_t i;
   int is_int;
+  const struct osr__sql_arg_s *elems;
+  int nelems;
 } osr__sql_arg_t;
 
 typedef struct osr__db_s osr__db_t;
@@ -105,6 +118,12 @@ typedef struct osr__db_vtbl_s {
    *  the backend has no such thing (SQLite: sync=normal never waits per
    *  commit; sync=full always does). */
   const char *relax_sql;
+  /** 1 when the backend takes array parameters and runs the *_ROWS
+   *  statements: a batch's consecutive creates (and binding updates) then
+   *  go to the server as one statement instead of one each (PostgreSQL,
+   *  where each statement is a round trip and a backend wake-up). 0:
+   *  every row is its own statement (SQLite, in process: nothing to save). */
+  int array_params;
   /** Parse the URL and keep what the backend needs in st (osr__store_be_cfg).
    *  Runs on the loop thread in osr_store_open. 0 or OSR_EINVAL. */
   int (*configure)(osr_store_t *st, const char *url);

@@ -471,6 +471,47 @@ static int pipe_send(pg_db_t *d, int stmt, const char *sql, int nargs, const cha
   return 0;
 }
 
+/* An array parameter (osr__sql_arg_t.elems) in PostgreSQL's array input
+ * syntax: text elements double-quoted with '"' and '\\' escaped (any other
+ * byte, braces and commas included, stands for itself inside the quotes),
+ * integers bare, NULL unquoted. Heap text, freed by the caller. */
+static char *array_text(const osr__sql_arg_t *a)
+{
+  size_t cap = 3, len = 0;
+  char *out;
+  int i;
+
+  for (i = 0; i < a->nelems; i++) {
+    const osr__sql_arg_t *e = &a->elems[i];
+    cap += 1 + (e->is_int ? 21 : e->s == NULL ? 4 : 2 + 2 * strlen(e->s));
+  }
+  out = osr_xmalloc(cap);
+  out[len++] = '{';
+  for (i = 0; i < a->nelems; i++) {
+    const osr__sql_arg_t *e = &a->elems[i];
+    const char *p;
+    if (i > 0)
+      out[len++] = ',';
+    if (e->is_int) {
+      len += (size_t)snprintf(out + len, cap - len, "%" PRId64, e->i);
+    } else if (e->s == NULL) {
+      memcpy(out + len, "NULL", 4);
+      len += 4;
+    } else {
+      out[len++] = '"';
+      for (p = e->s; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\')
+          out[len++] = '\\';
+        out[len++] = *p;
+      }
+      out[len++] = '"';
+    }
+  }
+  out[len++] = '}';
+  out[len] = '\0';
+  return out;
+}
+
 /* Run a statement: deferred into the pipeline when `defer` (no result
  * wanted now), else sent after whatever is pending and collected with it.
  * Returns the statement's result (NULL when deferred or on error). */
@@ -479,8 +520,9 @@ static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t
 {
   const char *vals[MAX_ARGS];
   char nums[MAX_ARGS][24];
+  char *arrays[MAX_ARGS];
   PGresult *res = NULL;
-  int i;
+  int i, narrays = 0;
 
   *err = 0;
   if (d->c == NULL) {
@@ -492,7 +534,10 @@ static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t
     return NULL;
   }
   for (i = 0; i < nargs; i++) {
-    if (args[i].is_int) {
+    if (args[i].elems != NULL) {
+      arrays[narrays] = array_text(&args[i]);
+      vals[i] = arrays[narrays++];
+    } else if (args[i].is_int) {
       snprintf(nums[i], sizeof(nums[i]), "%" PRId64, args[i].i);
       vals[i] = nums[i];
     } else {
@@ -502,13 +547,21 @@ static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t
   if (stmt < 0 && !d->pipe) {
     /* Dynamic text outside a pipeline (migrations: possibly several
      * statements in one string, which only the simple protocol takes). */
-    return nargs == 0 ? PQexec(d->c, sql) : PQexecParams(d->c, sql, nargs, NULL, vals, NULL, NULL, 0);
+    res = nargs == 0 ? PQexec(d->c, sql) : PQexecParams(d->c, sql, nargs, NULL, vals, NULL, NULL, 0);
+  } else {
+    /* libpq copies the values into its output buffer: the arrays' texts
+     * may go as soon as the statement is sent. */
+    *err = pipe_send(d, stmt, sql, nargs, vals);
+    for (i = 0; i < narrays; i++)
+      osr_free(arrays[i]);
+    narrays = 0;
+    if (*err == 0 && !defer)
+      *err = pipe_collect(d, &res);
+    if (*err == OSR_EUNAVAILABLE)
+      pg_disconnect((osr__db_t *)(void *)d);
   }
-  *err = pipe_send(d, stmt, sql, nargs, vals);
-  if (*err == 0 && !defer)
-    *err = pipe_collect(d, &res);
-  if (*err == OSR_EUNAVAILABLE)
-    pg_disconnect((osr__db_t *)(void *)d);
+  for (i = 0; i < narrays; i++)
+    osr_free(arrays[i]);
   return res;
 }
 
@@ -603,6 +656,7 @@ const osr__db_vtbl_t osr__store_pg = {
    * server's WAL buffers; the WAL writer flushes it within 3 x
    * wal_writer_delay, and any later synchronous commit flushes it first. */
   .relax_sql = "SET LOCAL synchronous_commit = off",
+  .array_params = 1,
   .configure = pg_configure,
   .unconfigure = NULL,
   .db_new = pg_db_new,

@@ -553,6 +553,8 @@ const osr__db_vtbl_t osr__store_sqlite = {
   /* IMMEDIATE takes the write lock up front, so a batch never fails halfway
    * with SQLITE_BUSY when another process writes the same file. */
   .begin_sql = "BEGIN IMMEDIATE",
+  /* In process a statement costs no round trip: one row each. */
+  .array_params = 0,
   .configure = sq_configure,
   .unconfigure = NULL,
   .db_new = sq_db_new,
