@@ -286,6 +286,8 @@ static void pass_live_page(osr_reaper_t *r)
                  (1u << OSR_BINDING_PAUSED);
   q.limit = PAGE;
   q.cursor = r->cursor[0] ? r->cursor : NULL;
+  /* Off the creates' path: the store's background worker (store.h). */
+  q.background = 1;
   int rv = osr_store_list(r->gw->store, &q, live_listed, r);
   if (rv != 0)
     pass_end(r, rv);

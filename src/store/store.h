@@ -184,6 +184,11 @@ typedef struct osr_store_query_s {
   int64_t expires_before_ms;        /**< reaper: expires_ms != 0 && < this; 0 = off */
   const char *owner;                /**< only rows with this owner; NULL = any */
   int64_t created_before_ms;        /**< only rows with created_ms < this; 0 = off */
+  /** Maintenance read (the reaper's pages): may wait behind every other
+   *  request. Runs on the store's background worker, with its own
+   *  connection and a low CPU priority, never in a transaction with other
+   *  requests (store.c, "Background reads"). */
+  int background;
 } osr_store_query_t;
 
 /** List bindings ordered by (created_ms, id); next_cursor NULL on the last page. */
@@ -194,7 +199,8 @@ int osr_store_list(osr_store_t *st, const osr_store_query_t *q, osr_store_list_c
 typedef void (*osr_store_counts_cb)(int status, const uint64_t *counts, size_t n, void *data);
 
 /** Count bindings by state (one GROUP BY query, for the sandboxes{state}
- *  gauge); `tenant` NULL = all tenants. */
+ *  gauge); `tenant` NULL = all tenants. Always a background read (see
+ *  osr_store_query_t.background). */
 int osr_store_count_by_state(osr_store_t *st, const char *tenant, osr_store_counts_cb cb,
                              void *data);
 

@@ -130,6 +130,12 @@ typedef struct osr__db_vtbl_s {
   void (*unconfigure)(osr_store_t *st);
   /** Worker-side connection object; never NULL (connecting is separate). */
   osr__db_t *(*db_new)(osr_store_t *st);
+  /** 1 if this store can have a background reader connection as well
+   *  (store.c "Background reads"; loop thread, after configure). */
+  int (*has_reader)(const osr_store_t *st);
+  /** The background worker's connection object: it only ever runs reads,
+   *  each in a transaction of its own, and never migrates. */
+  osr__db_t *(*db_new_reader)(osr_store_t *st);
   void (*db_free)(osr__db_t *db);
   /** Connect if not connected. 0, OSR_EUNAVAILABLE (server unreachable, file
    *  cannot be opened) or OSR_EINVAL (configuration is wrong for good). */

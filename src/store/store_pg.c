@@ -265,6 +265,13 @@ static osr__db_t *pg_db_new(osr_store_t *st)
   return (osr__db_t *)(void *)d;
 }
 
+/* The background reader is one more connection like the others. */
+static int pg_has_reader(const osr_store_t *st)
+{
+  (void)st;
+  return 1;
+}
+
 static void pg_disconnect(osr__db_t *db)
 {
   pg_db_t *d = P(db);
@@ -660,6 +667,8 @@ const osr__db_vtbl_t osr__store_pg = {
   .configure = pg_configure,
   .unconfigure = NULL,
   .db_new = pg_db_new,
+  .has_reader = pg_has_reader,
+  .db_new_reader = pg_db_new,
   .db_free = pg_db_free,
   .db_connect = pg_connect,
   .db_is_connected = pg_is_connected,

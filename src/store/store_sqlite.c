@@ -93,6 +93,7 @@ typedef struct sqlite_db_s {
   int16_t slot_n[OSR__ST_COUNT];
   sqlite3_stmt *cur;      /* statement being read by row_next */
   int cur_dynamic;        /* finalize cur at query_end */
+  int reader;             /* the background reader: query_only, deferred BEGIN, no checkpointer */
   ckpt_t ckpt;
 } sqlite_db_t;
 
@@ -244,6 +245,21 @@ static osr__db_t *sq_db_new(osr_store_t *st)
   return (osr__db_t *)(void *)d;
 }
 
+/* The background reader (store.c "Background reads"): a second connection
+ * to the file, which WAL lets read while the writer writes. Not for
+ * :memory:, where a second connection would be another database. */
+static int sq_has_reader(const osr_store_t *st)
+{
+  return strcmp(osr__store_cfg(st)->target, ":memory:") != 0;
+}
+
+static osr__db_t *sq_db_new_reader(osr_store_t *st)
+{
+  sqlite_db_t *d = S(sq_db_new(st));
+  d->reader = 1;
+  return (osr__db_t *)(void *)d;
+}
+
 static void sq_disconnect(osr__db_t *db)
 {
   sqlite_db_t *d = S(db);
@@ -364,13 +380,16 @@ static int sq_connect(osr__db_t *db)
     usleep(CONNECT_RETRY_MS * 1000);
   }
   rc = sqlite3_exec(d->h, pragmas, NULL, NULL, &err);
+  if (rc == SQLITE_OK && d->reader)
+    rc = sqlite3_exec(d->h, "PRAGMA query_only = 1", NULL, NULL, &err);
   if (rc != SQLITE_OK) {
     OSR_LOG_WARN("store", "sqlite: %s: %s", cfg->target, err != NULL ? err : sqlite3_errstr(rc));
     sqlite3_free(err);
     sq_disconnect(db);
     return OSR_EUNAVAILABLE;
   }
-  ckpt_start(d, cfg);
+  if (!d->reader)
+    ckpt_start(d, cfg);
   return 0;
 }
 
@@ -405,7 +424,11 @@ static int prepare(sqlite_db_t *d, int stmt, const char *sql, sqlite3_stmt **out
 
   if (stmt >= 0) {
     if (d->cache[stmt] == NULL) {
-      const char *text = stmt == OSR__ST_BEGIN ? osr__store_sqlite.begin_sql : osr__stmt_sql[stmt];
+      /* The reader's transactions only read: a deferred BEGIN takes no
+       * write lock (IMMEDIATE would queue it behind the writer's). */
+      const char *text = stmt != OSR__ST_BEGIN ? osr__stmt_sql[stmt]
+                         : d->reader          ? "BEGIN"
+                                              : osr__store_sqlite.begin_sql;
       rc = sqlite3_prepare_v3(d->h, text, -1, SQLITE_PREPARE_PERSISTENT, &d->cache[stmt], NULL);
       if (rc != SQLITE_OK)
         return map_err(d, rc, "prepare");
@@ -558,6 +581,8 @@ const osr__db_vtbl_t osr__store_sqlite = {
   .configure = sq_configure,
   .unconfigure = NULL,
   .db_new = sq_db_new,
+  .has_reader = sq_has_reader,
+  .db_new_reader = sq_db_new_reader,
   .db_free = sq_db_free,
   .db_connect = sq_connect,
   .db_is_connected = sq_is_connected,

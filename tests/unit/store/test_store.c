@@ -30,6 +30,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <libpq-fe.h>
+#include <sqlite3.h>
+
 #include "store/store.h"
 #include "util/mem.h"
 
@@ -1949,6 +1952,90 @@ static void test_rows_batch(void **state)
   ctx_close(&c);
 }
 
+/* Background reads (osr_store_query_t.background, counts) run on a worker
+ * and connection of their own: with the foreground writer stuck behind
+ * another client's lock (PostgreSQL: an uncommitted row with the same
+ * (tenant, key), one foreground worker; SQLite: another connection's write
+ * transaction), a background list page and a count are still answered,
+ * and the create completes once the lock goes. */
+static void test_background_reads(void **state)
+{
+  ctx_t c;
+  char tenant[40], url[1100], sql[512];
+  osr_binding_t b, seed;
+  osr_store_query_t q;
+  res_t rc, rl, rs;
+  counts_t cnt;
+  PGconn *pg = NULL;
+  sqlite3 *lite = NULL;
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-bg-");
+  /* One foreground worker, so only the background lane can answer. */
+  snprintf(url, sizeof(url), "%s%s", g_url, g_pg ? (strchr(g_url, '?') ? "&pool=1" : "?pool=1") : "");
+  assert_int_equal(ctx_open_url(&c, url), 0);
+  mk_binding(&seed, tenant, NULL, 1700000000000);
+  sync_create(&c, &seed, &rc);
+  assert_int_equal(rc.status, 0);
+  res_free(&rc);
+
+  mk_binding(&b, tenant, "held", 1700000000001);
+  if (g_pg) {
+    pg = PQconnectdb(g_url);
+    assert_int_equal(PQstatus(pg), CONNECTION_OK);
+    PQclear(PQexec(pg, "BEGIN"));
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO bindings (id, tenant, idem_key, state, created_ms, updated_ms) VALUES "
+             "('lock%s', '%s', 'held', 1, 1, 1)", tenant + 5, tenant);
+    PGresult *res = PQexec(pg, sql);
+    assert_int_equal(PQresultStatus(res), PGRES_COMMAND_OK);
+    PQclear(res);
+  } else {
+    assert_int_equal(sqlite3_open(g_url + strlen("sqlite:"), &lite), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(lite, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+  }
+  memset(&rc, 0, sizeof(rc));
+  assert_int_equal(osr_store_create_intent(c.st, &b, on_binding, &rc), 0);
+
+  memset(&q, 0, sizeof(q));
+  q.tenant = tenant;
+  q.limit = 10;
+  q.background = 1;
+  memset(&rl, 0, sizeof(rl));
+  assert_int_equal(osr_store_list(c.st, &q, on_list, &rl), 0);
+  memset(&cnt, 0, sizeof(cnt));
+  assert_int_equal(osr_store_count_by_state(c.st, tenant, on_counts, &cnt), 0);
+  wait_for(&c.loop, &rl.done, 1);
+  wait_for(&c.loop, &cnt.done, 1);
+  assert_int_equal(rc.done, 0); /* still behind the lock */
+  assert_int_equal(rl.status, 0);
+  assert_int_equal(rl.n, 1);
+  assert_string_equal(rl.items[0].id, seed.id);
+  assert_int_equal(cnt.status, 0);
+  assert_int_equal(cnt.c[OSR_BINDING_CREATING], 1);
+
+  if (g_pg) {
+    PQclear(PQexec(pg, "ROLLBACK"));
+    PQfinish(pg);
+  } else {
+    sqlite3_exec(lite, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(lite);
+  }
+  wait_for(&c.loop, &rc.done, 1);
+  assert_int_equal(rc.status, 0);
+  assert_int_equal(rc.created, 1);
+  /* A foreground list sees it (the background one reads committed rows). */
+  q.background = 0;
+  sync_list(&c, &q, &rs);
+  assert_int_equal(rs.n, 2);
+  res_free(&rs);
+  res_free(&rc);
+  res_free(&rl);
+  osr_binding_dispose(&b);
+  osr_binding_dispose(&seed);
+  ctx_close(&c);
+}
+
 int main(int argc, char **argv)
 {
   const char *pg = getenv("OSR_TEST_PG_URL");
@@ -1965,6 +2052,7 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_conditional_update_race),
     cmocka_unit_test(test_relaxed_update),
     cmocka_unit_test(test_rows_batch),
+    cmocka_unit_test(test_background_reads),
     cmocka_unit_test(test_idempotency),
     cmocka_unit_test(test_list),
     cmocka_unit_test(test_submit_from_timer),
