@@ -329,12 +329,15 @@ class Bench:
         pg = services.PgServer()
         with open(os.path.join(pg.data, "postgresql.conf"), "a") as f:
             f.write("fsync = on\nsynchronous_commit = on\nfull_page_writes = on\n")
+            # --pg-conf: more server settings, e.g. commit_delay (an operator's knob).
+            for kv in getattr(self.a, "pg_conf", None) or []:
+                f.write(kv + "\n")
         pg.stop()
         pg.start()
         pin_group(pg.proc.pid, self.a.load_cpu)
-        self.pg_settings = "fsync=%s synchronous_commit=%s full_page_writes=%s" % (
+        self.pg_settings = "fsync=%s synchronous_commit=%s full_page_writes=%s commit_delay=%s" % (
             pg.psql("SHOW fsync").strip(), pg.psql("SHOW synchronous_commit").strip(),
-            pg.psql("SHOW full_page_writes").strip())
+            pg.psql("SHOW full_page_writes").strip(), pg.psql("SHOW commit_delay").strip())
         log("postgres:", self.pg_settings)
         return pg
 
@@ -462,6 +465,8 @@ def main():
                          "(not durable; a diagnostic that separates the fsync wait)")
     ap.add_argument("--modes", nargs="+", default=["url", "inproc"], choices=["url", "inproc"])
     ap.add_argument("--pg-params", default="", help="appended to the PostgreSQL URL, e.g. ?pool=4")
+    ap.add_argument("--pg-conf", nargs="*", default=[],
+                    help="extra postgresql.conf lines for the bench's server, e.g. commit_delay=200 commit_siblings=2")
     ap.add_argument("--rss-n", type=int, default=10000, help="0: skip the memory part")
     ap.add_argument("--rss-window", type=float, default=6.0,
                     help="seconds of RSS samples after each burst (longer than the reaper interval)")

@@ -104,11 +104,12 @@ def main():
     ap.add_argument("--mode", default="inproc", choices=["inproc", "url"])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--pg-params", default="", help="appended to the store URL, e.g. ?binding_commit=sync")
+    ap.add_argument("--pg-conf", nargs="*", default=[], help="extra postgresql.conf lines")
     ap.add_argument("--syscalls", action="store_true",
                     help="then N more creates with the store threads under strace -c")
     a = ap.parse_args()
     ns = argparse.Namespace(build=a.build, sim=None, load=None, warmup=0, gw_cpu=1, load_cpu=0,
-                            base_gateway=None, pg_params=a.pg_params)
+                            base_gateway=None, pg_params=a.pg_params, pg_conf=a.pg_conf)
     b = create_bench.Bench(ns)
     b.pg = b.start_pg()
     exes = [("this", None)] + ([("base", a.base_gateway)] if a.base_gateway else [])
