@@ -25,23 +25,30 @@ sys.path.insert(0, here)
 import create_bench  # noqa: E402
 
 
-def strace_count(pids):
-    """Start strace -c on pids; returns the process."""
-    argv = ["strace", "-f", "-c", "-e", "trace=fdatasync,fsync"]
+def strace_count(pids, calls="fdatasync,fsync", follow=True):
+    """Start strace -c on pids (with their threads when follow); returns
+    the process."""
+    argv = ["strace"] + (["-f"] if follow else []) + ["-c", "-e", "trace=" + calls]
     for p in pids:
         argv += ["-p", str(p)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def strace_stop(p):
+    """Stop strace -c; returns {system call: calls}."""
     p.send_signal(2)
     err = p.communicate(timeout=30)[1]
-    n = 0
+    out = {}
     for ln in err.splitlines():
-        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(fdatasync|fsync)$", ln)
-        if m:
-            n += int(m.group(1))
-    return n
+        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", ln)
+        if m and m.group(2) != "total":
+            out[m.group(2)] = int(m.group(1))
+    return out
+
+
+def flushes(p):
+    c = strace_stop(p)
+    return c.get("fdatasync", 0) + c.get("fsync", 0)
 
 
 def proc_cpu(pid):
@@ -70,24 +77,6 @@ def store_tids(pid):
 
 
 NET = "sendto,recvfrom,poll,ppoll,read,write,sendmsg,recvmsg,futex"
-
-
-def syscall_count(tids):
-    argv = ["strace", "-c", "-e", "trace=" + NET]
-    for t in tids:
-        argv += ["-p", str(t)]
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def syscall_stop(p):
-    p.send_signal(2)
-    err = p.communicate(timeout=30)[1]
-    out = {}
-    for ln in err.splitlines():
-        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", ln)
-        if m and m.group(2) != "total":
-            out[m.group(2)] = int(m.group(1))
-    return out
 
 
 def wal_stats(pg):
@@ -150,7 +139,7 @@ def main():
                 t0 = time.time()
                 r = b.gw_load(g, a.c, count=a.n)
                 dt = time.time() - t0
-                n1, n2 = strace_stop(s1), strace_stop(s2)
+                n1, n2 = flushes(s1), flushes(s2)
                 c1 = int(b.pg.psql("SELECT xact_commit FROM pg_stat_database WHERE datname = '%s'" % db))
                 print("%s round %d: %d creates at C=%d in %.1f s (%d ok): backend flushes per create %.3f, "
                       "background flushes per create %.3f, commits per create %.2f (load %.2f)" % (
@@ -158,10 +147,10 @@ def main():
                           os.getloadavg()[0]), flush=True)
                 if a.syscalls:
                     tids = store_tids(g.pid)
-                    sc = syscall_count(tids)
+                    sc = strace_count(tids, NET, follow=False)
                     time.sleep(0.5)
                     b.gw_load(g, a.c, count=a.n)
-                    counts = syscall_stop(sc)
+                    counts = strace_stop(sc)
                     print("%s round %d: store threads (%d) system calls per create: %s" % (
                         name, rnd, len(tids), ", ".join("%s %.2f" % (k, v / a.n)
                                                         for k, v in sorted(counts.items()))), flush=True)

@@ -1348,18 +1348,34 @@ static int rows_returning(const osr__db_vtbl_t *be, osr__db_t *db, int stmt, row
   return rv < 0 ? rv : 0;
 }
 
+/* The rows of n requests, each given by `args` as the single-row
+ * statement's parameters. */
+static rows_t *rows_of(osr__req_t **reqs, size_t n, int ncols,
+                       void (*args)(const osr__req_t *, osr__sql_arg_t *))
+{
+  rows_t *t = rows_new(ncols);
+  osr__sql_arg_t a[CREATE_NARGS];
+  size_t i;
+
+  for (i = 0; i < n; i++) {
+    args(reqs[i], a);
+    rows_add(t, a);
+  }
+  return t;
+}
+
+static void create_req_args(const osr__req_t *r, osr__sql_arg_t *a)
+{
+  create_args(&r->u.bind.b, a);
+}
+
 static int op_create_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **reqs, size_t n)
 {
-  rows_t *t = rows_new(CREATE_NARGS);
-  osr__sql_arg_t a[CREATE_NARGS];
+  rows_t *t = rows_of(reqs, n, CREATE_NARGS, create_req_args);
   unsigned char hit[OSR__STORE_ROWS_MAX];
   size_t i;
   int rv;
 
-  for (i = 0; i < n; i++) {
-    create_args(&reqs[i]->u.bind.b, a);
-    rows_add(t, a);
-  }
   rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit);
   osr_free(t);
   for (i = 0; rv == 0 && i < n; i++)
@@ -1369,16 +1385,12 @@ static int op_create_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **
 
 static int op_update_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **reqs, size_t n)
 {
-  rows_t *t = rows_new(UPDATE_NARGS);
-  osr__sql_arg_t a[UPDATE_NARGS];
+  rows_t *t = rows_of(reqs, n, UPDATE_NARGS, update_args);
+  osr__sql_arg_t a[AUDIT_NARGS];
   unsigned char hit[OSR__STORE_ROWS_MAX];
   size_t i;
   int rv;
 
-  for (i = 0; i < n; i++) {
-    update_args(reqs[i], a);
-    rows_add(t, a);
-  }
   rv = rows_returning(be, db, OSR__ST_B_UPDATE_ROWS, t, reqs, n, hit);
   if (rv != 0) {
     osr_free(t);
