@@ -1310,19 +1310,30 @@ static const char *req_bind_id(const osr__req_t *r)
  * repeated id ends the run, so a request sees the rows of every request
  * before it exactly as when each runs alone (the second update of one row
  * compares against the first's result). 1: run it on its own. */
+/* 1 if reqs[k]'s id is one of reqs[0..k-1]'s. */
+static int id_seen(osr__req_t **reqs, size_t k)
+{
+  size_t j;
+  for (j = 0; j < k; j++)
+    if (strcmp(req_bind_id(reqs[j]), req_bind_id(reqs[k])) == 0)
+      return 1;
+  return 0;
+}
+
+#define UPDATE_ROWS_MIN 3
 static size_t rows_run(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
 {
   req_op_t op = reqs[0]->op;
-  size_t k, j;
+  size_t k;
 
   if (!be->array_params || (op != OP_CREATE && op != OP_UPDATE))
     return 1;
-  for (k = 1; k < n && k < OSR__STORE_ROWS_MAX && reqs[k]->op == op; k++) {
-    for (j = 0; j < k; j++)
-      if (strcmp(req_bind_id(reqs[j]), req_bind_id(reqs[k])) == 0)
-        return k;
-  }
-  return k;
+  for (k = 1; k < n && k < OSR__STORE_ROWS_MAX && reqs[k]->op == op && !id_seen(reqs, k); k++)
+    ;
+  /* The multi-row UPDATE is planned at each execution (store_pg.c), ~0.13
+   * ms of server CPU: for two rows, two prepared single-row statements
+   * (a round trip each) cost less. */
+  return op == OP_UPDATE && k < UPDATE_ROWS_MIN ? 1 : k;
 }
 
 /* Run a *_ROWS statement whose RETURNING gives the id of every row it
