@@ -1834,6 +1834,8 @@ static void worker_main(void *arg)
       run_and_deliver(st, db, batch, nrel);
     if (nstrict > 0)
       run_and_deliver(st, db, strict, nstrict);
+    if (st->be->after_batch != NULL)
+      st->be->after_batch(db);
   }
   worker_exit(st, db);
 }

@@ -124,6 +124,10 @@ typedef struct osr__db_vtbl_s {
    *  where each statement is a round trip and a backend wake-up). 0:
    *  every row is its own statement (SQLite, in process: nothing to save). */
   int array_params;
+  /** Called by a foreground worker after each batch's answers were handed
+   *  back (maintenance that must not delay them: SQLite's writer-side WAL
+   *  checkpoint), or NULL. */
+  void (*after_batch)(osr__db_t *db);
   /** Parse the URL and keep what the backend needs in st (osr__store_be_cfg).
    *  Runs on the loop thread in osr_store_open. 0 or OSR_EINVAL. */
   int (*configure)(osr_store_t *st, const char *url);
