@@ -1305,11 +1305,6 @@ static const char *req_bind_id(const osr__req_t *r)
   return r->u.bind.b.id;
 }
 
-/* How many requests from reqs[0] one multi-row statement takes: the run of
- * creates (or of updates) with distinct ids, up to OSR__STORE_ROWS_MAX. A
- * repeated id ends the run, so a request sees the rows of every request
- * before it exactly as when each runs alone (the second update of one row
- * compares against the first's result). 1: run it on its own. */
 /* 1 if reqs[k]'s id is one of reqs[0..k-1]'s. */
 static int id_seen(osr__req_t **reqs, size_t k)
 {
@@ -1321,6 +1316,11 @@ static int id_seen(osr__req_t **reqs, size_t k)
 }
 
 #define UPDATE_ROWS_MIN 3
+/* How many requests from reqs[0] one multi-row statement takes: the run of
+ * creates (or of updates) with distinct ids, up to OSR__STORE_ROWS_MAX. A
+ * repeated id ends the run, so a request sees the rows of every request
+ * before it exactly as when each runs alone (the second update of one row
+ * compares against the first's result). 1: run it on its own. */
 static size_t rows_run(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
 {
   req_op_t op = reqs[0]->op;
