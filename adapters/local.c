@@ -220,6 +220,9 @@ struct lp_s {
   int run_root;           /* state_dir is our own /run/osr/local-<hash> (see local_init) */
   uv_timer_t kick;        /* first scan and pool refills */
   int kick_open;
+  osr__lreap_t reap;      /* gvisor: the orphans runsc leaves us (local_reap.c) */
+  int reap_open;
+  int reap_closing;
   int closing;
   void (*close_cb)(osr_provider_t *p);
   uint64_t seq;
@@ -2185,6 +2188,20 @@ static int local_init(osr_provider_t *p, const json_t *config, char *err, size_t
   }
   lp->seq = (uint64_t)now_ms();
 
+  /* gVisor's sandbox and gofer are orphans once `runsc run --detach`
+   * exits: reap them here, not PID 1, or every `runsc delete` waits for
+   * PID 1 to reap the sandbox it killed (local_reap.c). */
+  if (lp->iso_mask & (1u << OSR_ISO_GVISOR)) {
+    int r = osr__lreap_init(&lp->reap, p->loop);
+    if (r == 0)
+      lp->reap_open = 1;
+    else
+      OSR_LOG_WARN(MOD,
+                   "provider '%s': cannot become a child subreaper (%s): gVisor destroys "
+                   "wait for PID 1 to reap each sandbox",
+                   p->name, osr_strerror(r));
+  }
+
   /* The first scan (adopting sandboxes of an earlier process) and the warm
    * pool start from the loop, right after init. */
   uv_timer_init(p->loop, &lp->kick);
@@ -2599,10 +2616,20 @@ static void on_kick_close(uv_handle_t *h)
   maybe_close_done(lp);
 }
 
+static void on_reap_close(osr__lreap_t *r);
+
 static void maybe_close_done(lp_t *lp)
 {
   if (!lp->closing || lp->nops > 0 || lp->kick_open || lp->close_cb == NULL)
     return;
+  if (lp->reap_open) {
+    /* The last destroys have ended: reap what they left, then close. */
+    if (!lp->reap_closing) {
+      lp->reap_closing = 1;
+      osr__lreap_close(&lp->reap, on_reap_close);
+    }
+    return;
+  }
   for (lsb_t *s = lp->sbx; s != NULL; s = s->next)
     if (s->ttl_open || s->proc_open)
       return;
@@ -2633,6 +2660,13 @@ static void maybe_close_done(lp_t *lp)
   osr_free(lp);
   p->impl = NULL;
   cb(p);
+}
+
+static void on_reap_close(osr__lreap_t *r)
+{
+  lp_t *lp = osr_container_of(r, lp_t, reap);
+  lp->reap_open = 0;
+  maybe_close_done(lp);
 }
 
 static void local_close(osr_provider_t *p, void (*cb)(osr_provider_t *p))

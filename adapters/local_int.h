@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <uv.h>
 
 /**
  * Build the classic-BPF seccomp program the container class hands to
@@ -144,6 +145,37 @@ long osr__lcg_oom_kills(const osr__lcg_t *cg, const char *id);
  *  thread, bounded). v2: cgroup.kill where the kernel has it (5.14), else a
  *  freeze + SIGKILL loop over cgroup.procs as in v1. Idempotent. */
 void osr__lcg_remove(const osr__lcg_t *cg, const char *id);
+
+/* ---- orphan reaping (local_reap.c) ------------------------------------------ */
+
+/** Reaps the orphans a provider's runtimes leave to this process (gVisor's
+ *  sandbox, gofer and ptrace stubs, which `runsc run --detach` leaves
+ *  behind): see local_reap.c for why. Embedded in the provider; loop thread
+ *  only. */
+typedef struct osr__lreap_s {
+  uv_loop_t *loop;
+  uv_signal_t sig;  /* SIGCHLD */
+  uv_timer_t retry; /* a pass that stopped at a zombie libuv reaps itself */
+  int open;         /* handles not yet closed */
+  int subreaper;    /* this one set PR_SET_CHILD_SUBREAPER */
+  unsigned long reaped;
+  void (*close_cb)(struct osr__lreap_s *r);
+} osr__lreap_t;
+
+/** Make this process a child subreaper (unless it is PID 1, which gets
+ *  orphans anyway) and reap its orphans from SIGCHLD, never a child that
+ *  a uv_process_t of `loop` waits for. Neither handle keeps the loop alive.
+ *  Returns 0, or -errno when the prctl is refused (nothing to close then). */
+int osr__lreap_init(osr__lreap_t *r, uv_loop_t *loop);
+
+/** One pass now: reap every exited orphan. Returns how many. */
+unsigned osr__lreap_run(osr__lreap_t *r);
+
+/** Last pass, drop the subreaper attribute when no other provider holds it
+ *  (children already reparented stay ours and are reaped by the next
+ *  provider's init), close both handles; `cb` (may be NULL) runs once both
+ *  are closed. Also valid after a failed init (then `cb` runs at once). */
+void osr__lreap_close(osr__lreap_t *r, void (*cb)(osr__lreap_t *r));
 
 /** Read at most `cap - 1` bytes of a small file into `buf`, NUL-terminated.
  *  Returns the length or -errno. Shared by local.c and local_cgroup.c. */
