@@ -31,11 +31,16 @@ sees: gVisor sizes its sentry by the CPUs it may use).
 
 It drives the adapter through tests/integration/local/local_driver (one
 process = one "gateway"), runs `echo ready` through the osr-agent of each new
-sandbox over its unix socket, and destroys every sandbox it made. Needs root
-(cgroups, tmpfs mounts, runsc)."""
+sandbox over its unix socket, and destroys every sandbox it made (at the end
+of each run, all at once). Interrupted (Ctrl-C, SIGTERM, SIGHUP) it destroys
+what it made before exiting; killed (SIGKILL) its driver, in its own session,
+sees its stdin close and destroys everything itself (--destroy-at-exit), so
+no sandbox, mount or cgroup outlives the bench. Needs root (cgroups, tmpfs
+mounts, runsc)."""
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -126,6 +131,24 @@ def one(d, cls, results, lock, breakdown=None):
         results.append((ok, ms, a.get("status"), a.get("resource", {}).get("provider_id")))
 
 
+def destroy_all(d, results):
+    """Destroy the sandboxes of `results`, all at once (the driver runs them
+    concurrently), and wait for every answer."""
+    tags = [d.send("destroy", provider_id=pid) for _, _, _, pid in results if pid]
+    for t in tags:
+        d.wait(t, timeout=120)
+
+
+def remove_state(state):
+    """Remove a state directory the driver has emptied; warn if it has not."""
+    import shutil
+    left = [n for n in os.listdir(state) if n.startswith("l")] if os.path.isdir(state) else []
+    if left:
+        print("warning: %d sandboxes left in %s" % (len(left), state), file=sys.stderr)
+    else:
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def print_breakdown(cls, mode, rows):
     cols = list(zip(*rows))
     print("  breakdown %s %s (n=%d, p50 ms): %s" % (cls, mode, len(rows), ", ".join(
@@ -135,7 +158,8 @@ def print_breakdown(cls, mode, rows):
 def run(d, cls, n, concurrent, breakdown=None):
     results, lock = [], threading.Lock()
     if concurrent:
-        ts = [threading.Thread(target=one, args=(d, cls, results, lock)) for _ in range(n)]
+        ts = [threading.Thread(target=one, args=(d, cls, results, lock), daemon=True)
+              for _ in range(n)]
         for t in ts:
             t.start()
         for t in ts:
@@ -143,9 +167,7 @@ def run(d, cls, n, concurrent, breakdown=None):
     else:
         for _ in range(n):
             one(d, cls, results, lock, breakdown)
-    for _, _, _, pid in results:
-        if pid:
-            d.call("destroy", provider_id=pid, timeout=120)
+    destroy_all(d, results)
     good = [ms for ok, ms, _, _ in results if ok]
     errs = sorted({st for ok, _, st, _ in results if not ok})
     return {"n": n, "ok": len(good), "success": len(good) / float(n) if n else 0.0,
@@ -176,8 +198,8 @@ def exec_ab(T, cls, agents, n):
         for ag in agents:
             st = tempfile.mkdtemp(prefix="osr-tti-ab-", dir="/tmp")
             os.chmod(st, 0o711)
-            d = T.Driver(st, agent_path=os.path.abspath(ag))
-            ds.append(d)
+            d = T.Driver(st, agent_path=os.path.abspath(ag), destroy_at_exit=True)
+            ds.append((d, st))
             tok = "tok-" + os.urandom(8).hex()
             a = d.call("create", timeout=120, **{"class": cls, "sandbox_id": "ab-" + os.urandom(4).hex(),
                                                  "token": tok})
@@ -201,10 +223,10 @@ def exec_ab(T, cls, agents, n):
                 cls, ag, len(r), n, statistics.median(r) if r else float("nan"),
                 r[len(r) // 4] if r else float("nan"), r[0] if r else float("nan"), load))
     finally:
-        for d, _, pid in sbs:
-            d.call("destroy", provider_id=pid, timeout=120)
-        for d in ds:
-            d.close()
+        # Also on an interrupt: the drivers destroy what they made at exit.
+        for d, st in ds:
+            d.hangup()
+            remove_state(st)
 
 
 def agent_linkage(path):
@@ -230,7 +252,26 @@ def measure(T, args, cls, mode):
     os.chmod(state, 0o711)
     cfg = {"warm_pool": {cls: args.warm}} if mode == "warm" else {}
     cpus = os.sched_getaffinity(0)
-    d = T.Driver(state, **cfg)
+    d = T.Driver(state, destroy_at_exit=True, **cfg)
+    try:
+        out = measure_with(T, args, cls, mode, d, state)
+    except BaseException:
+        # Interrupted (or failed): the driver destroys everything of its
+        # state dir once its stdin is closed, after the creates in flight
+        # have answered.
+        print("interrupted: destroying the sandboxes in %s" % state, file=sys.stderr, flush=True)
+        os.sched_setaffinity(0, cpus)
+        d.hangup()
+        remove_state(state)
+        raise
+    os.sched_setaffinity(0, cpus)
+    d.close()
+    remove_state(state)
+    return out
+
+
+def measure_with(T, args, cls, mode, d, state):
+    out = []
     if args.client_cpu is not None:
         # The driver was forked unpinned; from here on this thread and the
         # threads it starts (the burst's clients) run on one CPU.
@@ -251,9 +292,7 @@ def measure(T, args, cls, mode):
             for _ in range(n):
                 wait_pool(state, cls, 1, timeout=30)
                 one(d, cls, results, lock, bd)
-            for _, _, _, pid in results:
-                if pid:
-                    d.call("destroy", provider_id=pid, timeout=120)
+            destroy_all(d, results)
             good = [ms for ok, ms, _, _ in results if ok]
             r = {"n": n, "ok": len(good), "success": len(good) / float(n),
                  "p50": statistics.median(good) if good else float("nan"),
@@ -268,18 +307,17 @@ def measure(T, args, cls, mode):
             ",".join(r["errors"])), flush=True)
         if bd:
             print_breakdown(cls, mode, bd)
-    os.sched_setaffinity(0, cpus)
-    d.close()
-    left = [n for n in os.listdir(state) if n.startswith("l")]
-    if left:
-        print("warning: %d sandboxes left in %s" % (len(left), state), file=sys.stderr)
-    else:
-        import shutil
-        shutil.rmtree(state, ignore_errors=True)
     return out
 
 
+def interrupt(signum, frame):
+    raise KeyboardInterrupt("signal %d" % signum)
+
+
 def main():
+    # SIGTERM and SIGHUP unwind like Ctrl-C, through the clean-up in measure().
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--classes", default="container,gvisor")

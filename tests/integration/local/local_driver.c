@@ -2,7 +2,7 @@
  * local_driver: drives the `local` provider adapter directly, for the
  * integration tests and bench/tti_bench.py.
  *
- *   local_driver CONFIG_JSON
+ *   local_driver CONFIG_JSON [--destroy-at-exit]
  *
  * reads one JSON command per line on stdin and answers one JSON line per
  * command on stdout, in completion order (commands run concurrently):
@@ -14,8 +14,12 @@
  *   {"tag":T,"op":"restore","class":C,"sandbox_id":S,"token":K,"path":F}
  *   {"tag":T,"op":"exit"}   close the provider and exit (sandboxes keep running)
  * Answers: {"tag":T,"status":"ok"|<error name>,"ms":<elapsed>,...}.
- * EOF on stdin behaves like "exit".
+ * EOF on stdin behaves like "exit". With --destroy-at-exit, "exit" (or EOF:
+ * the client died) first waits for the commands in flight, then destroys
+ * every sandbox of the state directory (list + destroy) before closing, so
+ * a killed benchmark leaves nothing running.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +36,8 @@ static uv_pipe_t in;
 static char line[LINE_MAX_BYTES];
 static size_t linelen;
 static int exiting, inflight;
+static int destroy_at_exit;
+static size_t destroys_left;
 
 typedef struct cmd_s {
   json_t *tag;
@@ -79,11 +85,34 @@ static void on_closed(osr_provider_t *p)
   uv_close((uv_handle_t *)&in, NULL);
 }
 
+static void on_exit_destroyed(osr_provider_t *p, int status, void *data)
+{
+  (void)data;
+  if (status != 0)
+    fprintf(stderr, "local_driver: destroy at exit: %s\n", osr_provider_err_name(status));
+  if (--destroys_left == 0)
+    p->adapter->close(p, on_closed);
+}
+
+static void on_exit_list(osr_provider_t *p, int status, const osr_resource_t *r, size_t n,
+                         void *data)
+{
+  destroys_left = 1; /* held until every destroy is started */
+  for (size_t i = 0; status == 0 && i < n; i++)
+    if (p->adapter->destroy(p, r[i].provider_id, on_exit_destroyed, data) == 0)
+      destroys_left++;
+  if (destroys_left > 1)
+    fprintf(stderr, "local_driver: destroying %zu sandboxes at exit\n", destroys_left - 1);
+  on_exit_destroyed(p, 0, data);
+}
+
 static void maybe_exit(void)
 {
   if (exiting == 1 && inflight == 0) {
     exiting = 2;
     uv_read_stop((uv_stream_t *)&in);
+    if (destroy_at_exit && prov.adapter->list(&prov, on_exit_list, NULL) == 0)
+      return;
     prov.adapter->close(&prov, on_closed);
   }
 }
@@ -240,10 +269,15 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
 
 int main(int argc, char **argv)
 {
-  if (argc != 2) {
-    fprintf(stderr, "usage: local_driver CONFIG_JSON < commands\n");
+  destroy_at_exit = argc == 3 && strcmp(argv[2], "--destroy-at-exit") == 0;
+  if (argc != 2 && !destroy_at_exit) {
+    fprintf(stderr, "usage: local_driver CONFIG_JSON [--destroy-at-exit] < commands\n");
     return 2;
   }
+  /* A client that died must not kill us with its pipe: answers to nobody
+   * fail with EPIPE, and EOF on stdin then runs the exit (and with
+   * --destroy-at-exit the teardown). */
+  signal(SIGPIPE, SIG_IGN);
   const char *lvl = getenv("OSR_LOG_LEVEL");
   osr_log_level_t l;
   if (lvl != NULL && osr_log_parse_level(lvl, &l) == 0)

@@ -147,17 +147,20 @@ class Sandbox:
 class Driver:
     """local_driver in its own process: JSON commands in, JSON answers out."""
 
-    def __init__(self, state_dir, stderr=None, pid1=False, **cfg):
+    def __init__(self, state_dir, stderr=None, pid1=False, destroy_at_exit=False, **cfg):
         """pid1: run the driver as PID 1 of new pid and mount namespaces (as
         a gateway that is a container's entry point): every orphan of its
-        runtimes is then its own to reap, and nobody else reaps them."""
+        runtimes is then its own to reap, and nobody else reaps them.
+        destroy_at_exit: at "exit" or EOF on its stdin (this process died)
+        the driver destroys every sandbox of state_dir before it exits."""
         c = {"state_dir": state_dir, "agent_path": AGENT}
         c.update(cfg)
         pre = ["unshare", "--pid", "--fork", "--mount", "--mount-proc", "--"] if pid1 else []
         # Its own session: a Ctrl-C (or a signal to the bench's process
         # group) must not kill the driver before the sandboxes it made are
         # destroyed (bench/tti_bench.py cleans up through it).
-        self.p = subprocess.Popen(pre + [DRIVER, json.dumps(c)], stdin=subprocess.PIPE,
+        post = ["--destroy-at-exit"] if destroy_at_exit else []
+        self.p = subprocess.Popen(pre + [DRIVER, json.dumps(c)] + post, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=stderr or sys.stderr, text=True,
                                   start_new_session=True)
         self.pid1 = pid1
@@ -205,6 +208,19 @@ class Driver:
 
     def call(self, op, timeout=120, **kw):
         return self.wait(self.send(op, **kw), timeout)
+
+    def hangup(self, timeout=600):
+        """Close the driver's stdin (as if this process had died) and wait
+        for it to exit: with destroy_at_exit it first destroys everything."""
+        try:
+            self.p.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
 
     def close(self):
         if self.p.poll() is None:
