@@ -32,7 +32,7 @@ sees: gVisor sizes its sentry by the CPUs it may use).
 It drives the adapter through tests/integration/local/local_driver (one
 process = one "gateway"), runs `echo ready` through the osr-agent of each new
 sandbox over its unix socket, and destroys every sandbox it made (at the end
-of each run, all at once). Interrupted (Ctrl-C, SIGTERM, SIGHUP) it destroys
+of each run, all at once: each row says how long that took). Interrupted (Ctrl-C, SIGTERM, SIGHUP) it destroys
 what it made before exiting; killed (SIGKILL) its driver, in its own session,
 sees its stdin close and destroys everything itself (--destroy-at-exit), so
 no sandbox, mount or cgroup outlives the bench. Needs root (cgroups, tmpfs
@@ -134,9 +134,11 @@ def one(d, cls, results, lock, breakdown=None):
 def destroy_all(d, results):
     """Destroy the sandboxes of `results`, all at once (the driver runs them
     concurrently), and wait for every answer."""
+    t0 = time.perf_counter()
     tags = [d.send("destroy", provider_id=pid) for _, _, _, pid in results if pid]
     for t in tags:
         d.wait(t, timeout=120)
+    return len(tags), (time.perf_counter() - t0) * 1000.0
 
 
 def remove_state(state):
@@ -167,12 +169,12 @@ def run(d, cls, n, concurrent, breakdown=None):
     else:
         for _ in range(n):
             one(d, cls, results, lock, breakdown)
-    destroy_all(d, results)
+    nd, dms = destroy_all(d, results)
     good = [ms for ok, ms, _, _ in results if ok]
     errs = sorted({st for ok, _, st, _ in results if not ok})
     return {"n": n, "ok": len(good), "success": len(good) / float(n) if n else 0.0,
             "p50": statistics.median(good) if good else float("nan"), "p95": pct(good, 95),
-            "p99": pct(good, 99), "errors": errs}
+            "p99": pct(good, 99), "errors": errs, "destroyed": (nd, dms)}
 
 
 def wait_pool(state, cls, want, timeout=120):
@@ -292,19 +294,22 @@ def measure_with(T, args, cls, mode, d, state):
             for _ in range(n):
                 wait_pool(state, cls, 1, timeout=30)
                 one(d, cls, results, lock, bd)
-            destroy_all(d, results)
+            nd, dms = destroy_all(d, results)
             good = [ms for ok, ms, _, _ in results if ok]
             r = {"n": n, "ok": len(good), "success": len(good) / float(n),
                  "p50": statistics.median(good) if good else float("nan"),
                  "p95": pct(good, 95), "p99": pct(good, 99),
-                 "errors": sorted({st for ok, _, st, _ in results if not ok})}
+                 "errors": sorted({st for ok, _, st, _ in results if not ok}),
+                 "destroyed": (nd, dms)}
         else:
             r = run(d, cls, n, conc, bd if not conc else None)
         r["load"] = (load0 + loadavg()) / 2
         out.append((kind, r))
-        print("%-9s %-4s %-10s n=%-4d ok=%-4d p50=%8.1f ms  p95=%8.1f ms  p99=%8.1f ms  load %.1f  %s" % (
-            cls, mode, kind, r["n"], r["ok"], r["p50"], r["p95"], r["p99"], r["load"],
-            ",".join(r["errors"])), flush=True)
+        nd, dms = r.get("destroyed", (0, 0.0))
+        print("%-9s %-4s %-10s n=%-4d ok=%-4d p50=%8.1f ms  p95=%8.1f ms  p99=%8.1f ms  load %.1f  "
+              "(%d destroyed at once in %.0f ms)  %s" % (
+                  cls, mode, kind, r["n"], r["ok"], r["p50"], r["p95"], r["p99"], r["load"], nd,
+                  dms, ",".join(r["errors"])), flush=True)
         if bd:
             print_breakdown(cls, mode, bd)
     return out

@@ -26,6 +26,16 @@ AGENT = os.environ.get("OSR_AGENT") or os.path.join(os.environ.get("OSR_BUILD_RO
                                                     "osr-agent")
 
 
+def driver_has(word):
+    """Whether the local_driver binary knows `word` (its usage text names
+    every flag)."""
+    try:
+        with open(DRIVER, "rb") as f:
+            return word in f.read()
+    except OSError:
+        return False
+
+
 def runtime_problem(cls):
     """Why `cls` cannot run here, or None."""
     if os.geteuid() != 0:
@@ -159,7 +169,8 @@ class Driver:
         # Its own session: a Ctrl-C (or a signal to the bench's process
         # group) must not kill the driver before the sandboxes it made are
         # destroyed (bench/tti_bench.py cleans up through it).
-        post = ["--destroy-at-exit"] if destroy_at_exit else []
+        # An older local_driver (a base build in an A/B) lacks the flag.
+        post = ["--destroy-at-exit"] if destroy_at_exit and driver_has(b"--destroy-at-exit") else []
         self.p = subprocess.Popen(pre + [DRIVER, json.dumps(c)] + post, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=stderr or sys.stderr, text=True,
                                   start_new_session=True)
