@@ -293,14 +293,18 @@ class Base(unittest.TestCase):
             self.fail("OSR_LOCAL_DRIVER is not built")
         if not os.path.exists(AGENT):
             self.skipTest("osr-agent is not built at %s" % AGENT)
-        why = runtime_problem(self.CLASS)
-        if why:
-            self.skipTest("%s class: %s" % (self.CLASS, why))
+        self.need_class(self.CLASS)
         # The state dir must be traversable by the sandbox uids (o+x).
         self.state = tempfile.mkdtemp(prefix="osr-local-", dir="/tmp")
         os.chmod(self.state, 0o711)
         self.drivers = []
         self.made = []
+
+    def need_class(self, cls):
+        """Skip the test when `cls` cannot run here."""
+        why = runtime_problem(cls)
+        if why:
+            self.skipTest("%s class: %s" % (cls, why))
 
     def driver(self, **cfg):
         d = Driver(self.state, **cfg)
@@ -513,9 +517,7 @@ class Lifecycle(Base):
     def test_snapshot_restore_gvisor(self):
         # gVisor binds the host's read-only /etc parts inside rw/etc: the
         # snapshot leaves them out and the restored sandbox has them again.
-        why = runtime_problem("gvisor")
-        if why:
-            self.skipTest("gvisor class: " + why)
+        self.need_class("gvisor")
         self.snapshot_restore("gvisor")
 
     def snapshot_restore(self, cls):
@@ -634,9 +636,7 @@ class Egress(Base):
         self.run_probe("container")
 
     def test_gvisor_egress_blocked(self):
-        why = runtime_problem("gvisor")
-        if why:
-            self.skipTest("gvisor class: " + why)
+        self.need_class("gvisor")
         self.run_probe("gvisor")
 
 
@@ -812,9 +812,7 @@ class WarmPool(Base):
         self.run_warm("container")
 
     def test_warm_create_gvisor(self):
-        why = runtime_problem("gvisor")
-        if why:
-            self.skipTest("gvisor class: " + why)
+        self.need_class("gvisor")
         self.run_warm("gvisor")
 
     def burst(self, cls, n, pid1=False):
@@ -872,9 +870,7 @@ class WarmPool(Base):
         # The stall of issue 4: every gVisor destroy waited for PID 1 to reap
         # the sandbox `runsc delete` killed (runsc polls for it 5 s, then
         # gives up); as PID 1 the driver must reap its orphans itself.
-        why = runtime_problem("gvisor")
-        if why:
-            self.skipTest("gvisor class: " + why)
+        self.need_class("gvisor")
         if not shutil.which("unshare"):
             self.skipTest("no unshare")
         self.burst("gvisor", 8, pid1=True)
@@ -882,9 +878,7 @@ class WarmPool(Base):
     def test_gvisor_pool_boots_niced(self):
         # A pool sandbox's `runsc run` runs under nice 19 (its gofer and
         # sandbox processes inherit it); a cold one's at the normal 0.
-        why = runtime_problem("gvisor")
-        if why:
-            self.skipTest("gvisor class: " + why)
+        self.need_class("gvisor")
         if not os.access("/usr/bin/nice", os.X_OK):
             self.skipTest("no /usr/bin/nice")
         d = self.driver(warm_pool={"gvisor": 1})
