@@ -160,6 +160,7 @@ struct lop_s {
   int init_json_len;
   char *init_json;        /* pool handoff: POST /init body (osr_json_free) */
   int handoff_failed;
+  struct lprobe_s *probe; /* the agent request in flight (op_probe), bounded by `timer` */
   /* list */
   osr_resource_t *list;
   size_t nlist, caplist;
@@ -1524,6 +1525,8 @@ static void on_probe_close(uv_handle_t *h)
   lop_t *op = pr->op;
   int result = pr->result;
   osr_free(pr);
+  op->probe = NULL;
+  uv_timer_stop(&op->timer); /* its deadline (op_probe) */
   op->probe_attempt++;
   op->spawn_exit = result; /* reused as "last probe status" */
   op_piece_done(op);
@@ -1582,8 +1585,23 @@ static void probe_connected(uv_connect_t *c, int status)
     probe_end(pr, -1);
 }
 
+/* An agent that accepted the connection but never answers (stopped, or
+ * wedged) must not hold its op forever: the request ends as "no answer"
+ * and the op goes on (the next /health probe, or its failure). */
+static void on_probe_timeout(uv_timer_t *t)
+{
+  lop_t *op = t->data;
+  if (op->probe != NULL) {
+    OSR_LOG_WARN(MOD, "%s: the agent did not answer within %u ms", op->sb->id,
+                 op->lp->boot_timeout_ms);
+    probe_end(op->probe, -1);
+  }
+}
+
 /* One HTTP request to the agent; op_next continues with the status code in
- * op->spawn_exit (-1 if there was no answer). */
+ * op->spawn_exit (-1 if there was no answer, also after boot_timeout_ms).
+ * The op's timer is the request's deadline meanwhile: neither caller
+ * (S_PROBE, S_HANDOFF_WRITE) has it armed while a request is in flight. */
 static void op_probe(lop_t *op, const char *method, const char *path, const char *token,
                      const char *body)
 {
@@ -1600,6 +1618,8 @@ static void op_probe(lop_t *op, const char *method, const char *path, const char
                    token ? "\r\n" : "", blen, body ? body : "");
   pr->reqlen = w > 0 && (size_t)w < sizeof(pr->req) ? (size_t)w : 0;
   op->pending++;
+  op->probe = pr;
+  uv_timer_start(&op->timer, on_probe_timeout, op->lp->boot_timeout_ms, 0);
   uv_pipe_init(op->lp->p->loop, &pr->pipe, 0);
   char sock[L_PATH + 32];
   fmt(sock, sizeof(sock), "%s/run/agent.sock", op->sb->dir);

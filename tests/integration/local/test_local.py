@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -874,6 +875,33 @@ class WarmPool(Base):
         if not shutil.which("unshare"):
             self.skipTest("no unshare")
         self.burst("gvisor", 8, pid1=True)
+
+    def test_handoff_to_a_wedged_agent_is_answered(self):
+        # The warm agent accepts connections but never answers (stopped):
+        # POST /init must end at boot_timeout_ms and the create be answered
+        # (boot_failed, the pool disables itself), not wait forever.
+        d = self.driver(warm_pool={"container": 1}, boot_timeout_ms=1500)
+        warm = self.wait_warm("container")
+        with open(os.path.join(self.state, warm, "meta.json")) as f:
+            uid = json.load(f)["uid"]
+        agents = []
+        for p in os.listdir("/proc"):
+            try:
+                if os.stat("/proc/" + p).st_uid == uid and \
+                        b"osr-agent" in open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")[0]:
+                    agents.append(int(p))
+            except (OSError, ValueError):
+                pass
+        self.assertEqual(len(agents), 1, agents)
+        os.kill(agents[0], signal.SIGSTOP)
+        a = d.call("create", timeout=60, **{"class": "container", "sandbox_id": "w", "token": "t"})
+        self.assertEqual(a["status"], "boot_failed", a)
+        self.assertFalse(os.path.exists(os.path.join(self.state, warm)))
+        # The pool is off: the next create is cold and works.
+        sb = self.create(d)
+        self.assertNotEqual(sb.id, warm)
+        self.assertEqual(sb.start("echo cold")[1], b"cold\n")
+        self.assertEqual(d.call("destroy", provider_id=sb.id)["status"], "ok")
 
     def test_gvisor_pool_boots_niced(self):
         # A pool sandbox's `runsc run` runs under nice 19 (its gofer and
