@@ -747,6 +747,10 @@ int main(int argc, char **argv)
   uv_signal_start(&sig_term, on_signal, SIGTERM);
   uv_signal_start(&sig_int, on_signal, SIGINT);
   start_thread_pool(a->loop);
+  /* The dispositions and the policy every command must not inherit are
+   * final now (spawn.h): after the thread pool, since glibc gives its
+   * internal signal 33 a handler when the first thread starts. */
+  osr__agent_spawn_snapshot();
   printf("ready envd %s\n", OSR_AGENT_ENVD_VERSION);
   fflush(stdout);
   OSR_LOG_INFO("agent", "ready as %s (uid %u), ring %zu bytes, max %zu processes, token %s",

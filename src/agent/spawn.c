@@ -14,10 +14,14 @@
  *     agent's thread state on a foreign stack).
  * All signals are blocked in the parent across clone(), so no handler of
  * the agent (libuv's signal pipe writers) can run on the child's stack;
- * the child resets every disposition to the default (its signal table is
- * its own: no CLONE_SIGHAND; signals 1..33, the others are at their
- * default since start-up) and unblocks them just before the exec, as
- * libuv's child does.
+ * the child puts back to the default every disposition of signals 1..33
+ * the agent does not have at the default (its signal table is its own: no
+ * CLONE_SIGHAND; the real-time ones above are at their default since
+ * start-up) and unblocks them just before the exec, as libuv's child
+ * does. Which ones those are is a snapshot (osr__agent_spawn_snapshot):
+ * libuv's child resets all 31, and in gVisor each of those system calls
+ * is a ptrace round trip through the sentry (~5 host ptrace calls each,
+ * bench/results/tti.md "gVisor warm exec").
  */
 #include "agent/spawn.h"
 
@@ -26,6 +30,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -52,6 +57,8 @@ struct k_sigaction {
 
 typedef struct spawn_ctx_s {
   const agent_spawn_opts_t *o;
+  uint64_t reset;   /* bit s-1: signal s needs SIG_DFL (a copy of reset_set) */
+  int reset_sched;  /* the agent runs SCHED_BATCH: the child goes back to SCHED_OTHER */
   const char *path; /* the PATH to search */
   char **sh_argv;   /* [ "/bin/sh", <file>, argv[1..] ]: ENOEXEC fallback, as execvp */
   volatile int err; /* set by the child when a step before the exec failed */
@@ -67,6 +74,14 @@ static size_t nrefs;            /* children with a callback: they keep the loop 
  * sets a handler (or SIG_IGN) on a signal above it, and puts those back to
  * the default at start-up (an ignored signal is inherited across exec). */
 #define SPAWN_LAST_HANDLED_SIGNAL 33
+
+/* What the child must undo, as of the last osr__agent_spawn_snapshot():
+ * the signals (1..33) whose disposition is not SIG_DFL (a handler, or
+ * SIG_IGN: both would otherwise reach the command, a handler only until
+ * its exec, SIG_IGN across it) and whether the agent runs SCHED_BATCH. */
+static uint64_t reset_set;
+static int reset_sched;
+static int snapshot_taken;
 
 #define NO_SAN __attribute__((no_sanitize("address", "undefined"), noinline))
 
@@ -145,17 +160,16 @@ static NO_SAN int child_main(void *arg)
   dfl.flags = 0;
   dfl.restorer = NULL;
   dfl.mask = 0;
-  /* 1-33: the standard signals and glibc's two internal ones; the
-   * real-time signals above are at their default since
-   * osr__agent_spawn_init_signals (31 system calls fewer per spawn, each a
-   * round trip through the sentry in gVisor). */
+  /* Only the signals the agent does not have at the default (4 in a
+   * running agent: PIPE, TERM, INT, CHLD) instead of all of 1..33: in
+   * gVisor every one is a round trip through the sentry. */
   for (int s = 1; s <= SPAWN_LAST_HANDLED_SIGNAL; s++)
-    if (s != SIGKILL && s != SIGSTOP)
+    if (ctx->reset & (UINT64_C(1) << (s - 1)))
       syscall(SYS_rt_sigaction, s, &dfl, NULL, sizeof(uint64_t));
   /* The agent runs SCHED_BATCH (main.c --sched) for its own sake; what it
    * starts gets the default policy (SCHED_RESET_ON_FORK resets only
    * real-time policies, so it is done here). */
-  if (syscall(SYS_sched_getscheduler, 0) == SCHED_BATCH) {
+  if (ctx->reset_sched) {
     struct sched_param sp = {.sched_priority = 0};
     syscall(SYS_sched_setscheduler, 0, SCHED_OTHER, &sp);
   }
@@ -252,6 +266,29 @@ fail:
   ctx->err = e != 0 ? e : EINVAL;
   syscall(SYS_exit, 127);
   return 127;
+}
+
+/* The dispositions of signals 1..33 as a set of the non-default ones
+ * (raw system calls: glibc refuses its internal 32 and 33). */
+static uint64_t read_dispositions(void)
+{
+  uint64_t set = 0;
+  for (int s = 1; s <= SPAWN_LAST_HANDLED_SIGNAL; s++) {
+    struct k_sigaction old;
+    if (s == SIGKILL || s == SIGSTOP)
+      continue;
+    memset(&old, 0, sizeof(old));
+    if (syscall(SYS_rt_sigaction, s, NULL, &old, sizeof(uint64_t)) != 0 || old.handler != SIG_DFL)
+      set |= UINT64_C(1) << (s - 1); /* unreadable: reset it to be safe */
+  }
+  return set;
+}
+
+void osr__agent_spawn_snapshot(void)
+{
+  reset_set = read_dispositions();
+  reset_sched = sched_getscheduler(0) == SCHED_BATCH;
+  snapshot_taken = 1;
 }
 
 void osr__agent_spawn_init_signals(void)
@@ -357,7 +394,23 @@ static int ensure_setup(uv_loop_t *loop)
       return rv;
     uv_unref((uv_handle_t *)&sigchld);
     sigchld_init = 1;
+    /* libuv's handler is on SIGCHLD now. */
+    reset_set |= UINT64_C(1) << (SIGCHLD - 1);
   }
+  if (!snapshot_taken)
+    osr__agent_spawn_snapshot();
+#if defined(__SANITIZE_ADDRESS__)
+  /* Test builds check the contract in spawn.h: a disposition changed
+   * since the snapshot would reach the command (or run an agent handler
+   * on the child's stack). Only a handler that went away may be stale. */
+  uint64_t now = read_dispositions();
+  if ((now & ~reset_set) != 0) {
+    OSR_LOG_ERROR("agent",
+                  "spawn: signal dispositions changed since the snapshot (%#llx not in %#llx)",
+                  (unsigned long long)now, (unsigned long long)reset_set);
+    abort();
+  }
+#endif
   return 0;
 }
 
@@ -386,6 +439,8 @@ int osr__agent_spawn(uv_loop_t *loop, const agent_spawn_opts_t *opts, agent_chil
 
   spawn_ctx_t ctx;
   ctx.o = opts;
+  ctx.reset = reset_set;
+  ctx.reset_sched = reset_sched;
   ctx.path = path;
   ctx.sh_argv = sh_argv;
   ctx.err = 0;

@@ -80,4 +80,16 @@ void osr__agent_spawn_close(void);
  * spawn resets only signals 1..33 (the agent never handles the others). */
 void osr__agent_spawn_init_signals(void);
 
+/** Record what a child must undo before its exec: which of signals 1..33
+ * the agent has not at SIG_DFL (a handler or SIG_IGN) and whether it runs
+ * SCHED_BATCH. The child resets exactly those (31 system calls fewer per
+ * spawn than resetting all: in gVisor each is a ptrace round trip).
+ * Contract: call it after every change of a signal disposition or of the
+ * scheduling policy that happens before a later spawn (main.c calls it
+ * once its handlers and policy are set; the SIGCHLD watcher of the first
+ * spawn is added by the spawner itself; the first spawn takes one if none
+ * was taken). Sanitizer builds check the contract at every spawn and
+ * abort on a disposition the snapshot misses. Loop thread, or start-up. */
+void osr__agent_spawn_snapshot(void);
+
 #endif
