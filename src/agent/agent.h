@@ -87,6 +87,11 @@ extern agent_t osr__agent;
  *  own user when the agent is not root or the user does not exist. */
 void osr__agent_resolve_user(const agent_t *a, const char *name, agent_user_t *out);
 
+/** Whether osr__agent_resolve_user(a, name) is the agent's own user
+ *  without a lookup (NULL, "" or its own name, or an agent that is not
+ *  root): then it does no I/O and may run on the loop thread. */
+int osr__agent_user_is_self(const agent_t *a, const char *name);
+
 /** The username from "Authorization: Basic base64(user:)" into out; the
  *  agent's default user (a->default_user, possibly "") if absent or
  *  malformed. Loop thread only. */

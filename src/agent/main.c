@@ -42,17 +42,22 @@ static int fill_user(const char *name, uid_t uid, int by_name, agent_user_t *out
   return 0;
 }
 
+int osr__agent_user_is_self(const agent_t *a, const char *name)
+{
+  /* Only root can become someone else; a non-root agent runs everything as
+   * itself (docs/agent.md, "Users"). */
+  return name == NULL || name[0] == '\0' || strcmp(name, a->self.name) == 0 || !a->is_root;
+}
+
 void osr__agent_resolve_user(const agent_t *a, const char *name, agent_user_t *out)
 {
   *out = a->self;
   out->switch_ids = 0;
-  if (name == NULL || name[0] == '\0' || strcmp(name, a->self.name) == 0)
+  if (osr__agent_user_is_self(a, name))
     return;
-  /* Only root can become someone else; a non-root agent runs everything as
-   * itself (docs/agent.md, "Users"). */
   agent_user_t u;
   memset(&u, 0, sizeof(u));
-  if (!a->is_root || fill_user(name, 0, 1, &u) != 0)
+  if (fill_user(name, 0, 1, &u) != 0)
     return;
   u.switch_ids = u.uid != getuid() || u.gid != getgid();
   *out = u;

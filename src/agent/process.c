@@ -392,8 +392,9 @@ static void sub_pump_loop(sub_t *s)
       /* Raw output behind a small protobuf header: no encoding, and the
        * ring's two slices are gathered straight into the stream queue. */
       uint8_t hdr[OSR_PB_DATA_HDR_MAX];
-      int stream = kind == KIND_PTY ? OSR_PE_PTY : kind == KIND_STDERR ? OSR_PE_STDERR
-                                                                        : OSR_PE_STDOUT;
+      int stream = kind == KIND_PTY      ? OSR_PE_PTY
+                   : kind == KIND_STDERR ? OSR_PE_STDERR
+                                         : OSR_PE_STDOUT;
       osr_iovec_t parts[3] = {osr_iov((char *)hdr, osr_pb_data_header(hdr, stream, (size_t)n)),
                               iov[0], iov[1]};
       s->cursor += (uint64_t)n;
@@ -539,6 +540,7 @@ typedef struct start_job_s {
                          may change a->workdir while the job runs */
   int cwd_given;
   int cwd_err;
+  int cwd_unchecked; /* fast path: nobody stat()ed cwd, the spawn child checks it */
 } start_job_t;
 
 static void start_work(uv_work_t *w)
@@ -624,14 +626,19 @@ static void free_strv(char **v)
   osr_free(v);
 }
 
-static void start_after(uv_work_t *w, int status)
+static void cwd_error(agent_call_t *call)
 {
-  start_job_t *j = osr_container_of(w, start_job_t, w);
+  json_t *c = json_object_get(json_object_get(call->msg, "process"), "cwd");
+  agent_call_error(call, OSR_CX_INVALID_ARGUMENT, "cwd '%s' does not exist", json_string_value(c));
+}
+
+/* Spawn the job's command (loop thread; frees j). */
+static void start_spawn(start_job_t *j)
+{
   agent_call_t *call = j->call;
   agent_t *a = call->agent;
   json_t *msg = call->msg;
   json_t *proc = json_object_get(msg, "process");
-  (void)status;
 
   if (call->req == NULL || a->shutting_down) {
     agent_call_error(call, OSR_CX_CANCELED, "client went away");
@@ -639,9 +646,7 @@ static void start_after(uv_work_t *w, int status)
     return;
   }
   if (j->cwd_err != 0) {
-    json_t *c = json_object_get(proc, "cwd");
-    agent_call_error(call, OSR_CX_INVALID_ARGUMENT, "cwd '%s' does not exist",
-                     json_string_value(c));
+    cwd_error(call);
     osr_free(j);
     return;
   }
@@ -673,6 +678,14 @@ static void start_after(uv_work_t *w, int status)
   o.argv = argv;
   o.env = env;
   o.cwd = j->cwd;
+  /* Fast path (start_fast): the child checks the cwd. A given one that
+   * does not exist fails the Start as the stat did; the default one (the
+   * workdir or home) falls back to "/", as start_work does. */
+  int cwd_status = 0;
+  if (j->cwd_unchecked) {
+    o.cwd_fallback = j->cwd_given ? NULL : "/";
+    o.cwd_status = &cwd_status;
+  }
   o.new_session = 1;
   o.ctty = p->is_pty;
   /* A pty command that cannot run exits 127/126 with the reason on the
@@ -782,8 +795,11 @@ static void start_after(uv_work_t *w, int status)
   }
   if (rv != 0) {
     OSR_LOG_INFO("agent", "spawn %s: %s", cmd, uv_strerror(rv));
-    agent_call_error(call, OSR_CX_INTERNAL, "error starting process '%s': fork/exec %s: %s", cmd,
-                     cmd, uv_strerror(rv));
+    if (j->cwd_given && (cwd_status == ENOENT || cwd_status == ENOTDIR))
+      cwd_error(call);
+    else
+      agent_call_error(call, OSR_CX_INTERNAL, "error starting process '%s': fork/exec %s: %s", cmd,
+                       cmd, uv_strerror(rv));
     if (p->master_fd >= 0 && !master_handed)
       close(p->master_fd);
     p->master_fd = -1;
@@ -795,6 +811,8 @@ static void start_after(uv_work_t *w, int status)
     osr_free(j);
     return;
   }
+  if (cwd_status == -1)
+    snprintf(j->cwd, sizeof(j->cwd), "/");
   p->spawned = 1;
   p->pid = (uint32_t)p->child->pid;
   if (p->is_pty) {
@@ -826,6 +844,33 @@ static void start_after(uv_work_t *w, int status)
     sub_pump(s);
 }
 
+static void start_after(uv_work_t *w, int status)
+{
+  (void)status;
+  start_spawn(osr_container_of(w, start_job_t, w));
+}
+
+/* The fast path: when the user is the agent's own (no getpwnam) the
+ * thread-pool hop only stat()ed the cwd, and in gVisor that hop (a futex
+ * wake, the worker's stat and eventfd write, one more loop iteration) was
+ * ~9 ptrace stops and a wake-up of another thread before the clone. The
+ * spawn child's chdir checks the cwd instead (spawn.h cwd_status). */
+static void start_fast(start_job_t *j)
+{
+  agent_t *a = j->call->agent;
+  osr__agent_resolve_user(a, j->call->username, &j->user); /* no I/O: user_is_self */
+  json_t *cwd = json_object_get(json_object_get(j->call->msg, "process"), "cwd");
+  j->cwd_unchecked = 1;
+  if (json_is_string(cwd) && json_string_length(cwd) > 0) {
+    j->cwd_given = 1;
+    if (osr__agent_abs_path(json_string_value(cwd), j->user.home, j->cwd, sizeof(j->cwd)) != 0)
+      j->cwd_err = UV_EINVAL;
+  } else {
+    snprintf(j->cwd, sizeof(j->cwd), "%s", j->workdir[0] != '\0' ? j->workdir : j->user.home);
+  }
+  start_spawn(j);
+}
+
 void osr__agent_process_start(agent_call_t *call)
 {
   agent_t *a = call->agent;
@@ -843,6 +888,10 @@ void osr__agent_process_start(agent_call_t *call)
   j->call = call;
   if (a->workdir != NULL)
     snprintf(j->workdir, sizeof(j->workdir), "%s", a->workdir);
+  if (osr__agent_user_is_self(a, call->username)) {
+    start_fast(j);
+    return;
+  }
   if (uv_queue_work(a->loop, &j->w, start_work, start_after) != 0) {
     osr_free(j);
     agent_call_error(call, OSR_CX_INTERNAL, "cannot queue work");

@@ -57,11 +57,12 @@ struct k_sigaction {
 
 typedef struct spawn_ctx_s {
   const agent_spawn_opts_t *o;
-  uint64_t reset;   /* bit s-1: signal s needs SIG_DFL (a copy of reset_set) */
-  int reset_sched;  /* the agent runs SCHED_BATCH: the child goes back to SCHED_OTHER */
-  const char *path; /* the PATH to search */
-  char **sh_argv;   /* [ "/bin/sh", <file>, argv[1..] ]: ENOEXEC fallback, as execvp */
-  volatile int err; /* set by the child when a step before the exec failed */
+  uint64_t reset;          /* bit s-1: signal s needs SIG_DFL (a copy of reset_set) */
+  int reset_sched;         /* the agent runs SCHED_BATCH: the child goes back to SCHED_OTHER */
+  const char *path;        /* the PATH to search */
+  char **sh_argv;          /* [ "/bin/sh", <file>, argv[1..] ]: ENOEXEC fallback, as execvp */
+  volatile int err;        /* set by the child when a step before the exec failed */
+  volatile int cwd_status; /* opts.cwd_status's value, set by the child */
 } spawn_ctx_t;
 
 static char *child_stack; /* mmap'd on first use, lowest page a guard */
@@ -199,8 +200,18 @@ static NO_SAN int child_main(void *arg)
       child_die("cannot make the pty the controlling terminal", NULL, errno);
     goto fail;
   }
-  if (o->cwd != NULL && syscall(SYS_chdir, o->cwd) < 0)
-    goto fail;
+  if (o->cwd != NULL && syscall(SYS_chdir, o->cwd) < 0) {
+    /* Checked here rather than by a stat before the spawn: that stat was
+     * a thread-pool hop (process.c "fast path"). */
+    e = errno;
+    if (o->cwd_fallback == NULL || (e != ENOENT && e != ENOTDIR) ||
+        syscall(SYS_chdir, o->cwd_fallback) < 0) {
+      ctx->cwd_status = e;
+      errno = e;
+      goto fail;
+    }
+    ctx->cwd_status = -1;
+  }
   if (o->switch_ids) {
     syscall(SYS_setgroups, 0, NULL); /* fails unless root; libuv ignores it too */
     if (syscall(SYS_setgid, o->gid) < 0 || syscall(SYS_setuid, o->uid) < 0)
@@ -444,6 +455,7 @@ int osr__agent_spawn(uv_loop_t *loop, const agent_spawn_opts_t *opts, agent_chil
   ctx.path = path;
   ctx.sh_argv = sh_argv;
   ctx.err = 0;
+  ctx.cwd_status = 0;
 
   sigset_t all, old;
   sigfillset(&all);
@@ -455,6 +467,8 @@ int osr__agent_spawn(uv_loop_t *loop, const agent_spawn_opts_t *opts, agent_chil
   osr_free(sh_argv);
   if (pid < 0)
     return -e;
+  if (opts->cwd_status != NULL)
+    *opts->cwd_status = ctx.cwd_status;
   if (ctx.err != 0) {
     /* The child has exited already (CLONE_VFORK resumed us at its exit):
      * reap it here so its status never reaches on_sigchld. */

@@ -43,12 +43,16 @@ struct agent_child_s {
 };
 
 typedef struct agent_spawn_opts_s {
-  const char *file;  /**< run as execvp would: searched in the PATH of env when it has no '/' */
-  char **argv;       /**< NULL-terminated */
-  char **env;        /**< NULL-terminated, the child's whole environment */
-  const char *cwd;   /**< NULL: inherit */
-  int stdio[3];      /**< fds dup2'd onto the child's 0-2 (may repeat); -1: /dev/null */
-  int new_session;   /**< setsid(): the child leads its own process group */
+  const char *file; /**< run as execvp would: searched in the PATH of env when it has no '/' */
+  char **argv;      /**< NULL-terminated */
+  char **env;       /**< NULL-terminated, the child's whole environment */
+  const char *cwd;  /**< NULL: inherit */
+  const char *cwd_fallback; /**< non-NULL: where the child goes when cwd does not exist
+                                 (chdir ENOENT or ENOTDIR) instead of failing */
+  int *cwd_status;          /**< non-NULL: set to 0 (cwd entered), -1 (cwd_fallback entered) or
+                                 the errno of a failed chdir (the spawn then fails with it) */
+  int stdio[3];             /**< fds dup2'd onto the child's 0-2 (may repeat); -1: /dev/null */
+  int new_session;          /**< setsid(): the child leads its own process group */
   int ctty;          /**< with new_session: make fd 0 (a pty slave) the controlling terminal */
   int fail_in_child; /**< a failing TIOCSCTTY or exec is not a spawn error: the child writes
                           "osr-agent: exec FILE: reason\r\n" to its fd 2 and exits 127

@@ -850,6 +850,44 @@ class Spawn(unittest.TestCase):
                                                 ["sched_getscheduler", "sched_setscheduler"])
             self.assertEqual([c for p, c, _ in rows if p == pid], [], rows)
 
+    def test_cwd_checked_by_the_child(self):
+        # A Start as the agent's own user spawns without the thread-pool
+        # stat of the cwd (process.c start_fast): the spawn child's chdir
+        # checks it. Same answers as the stat path, which a Start as
+        # another user (here "nobody") still takes: a given cwd that is
+        # missing or not a directory is invalid_argument with no process;
+        # a default workdir that went away runs the command in "/".
+        gone = tempfile.mkdtemp(prefix="osr-wd-")
+        os.chmod(gone, 0o755)
+        afile = os.path.join(self.dir, "not-a-dir")
+        with open(afile, "w") as f:
+            f.write("x")
+        for extra in ([], ["--default-user", "nobody"]):
+            with Agent(extra=["--workdir", gone] + extra) as a:
+                for cwd in ("/no/such/dir", afile):
+                    st = a.stream(START, {"process": {"cmd": "/bin/true", "cwd": cwd}})
+                    self.assertEqual(list(st.frames()), [], (extra, cwd))
+                    self.assertEqual(st.end["error"]["code"], "invalid_argument", (extra, st.end))
+                    self.assertIn("cwd '%s' does not exist" % cwd, st.end["error"]["message"])
+                _, out, _, _, _, _ = collect_process(a.stream(START, {"process": {"cmd": "/bin/pwd"}}))
+                self.assertEqual(out, gone.encode() + b"\n", extra)
+                os.rmdir(gone)
+                try:
+                    st = a.stream(START, {"process": {"cmd": "/bin/sh", "args": ["-c", "pwd; sleep 30"]}})
+                    it = st.frames()
+                    pid = next(it)["event"]["start"]["pid"]
+                    self.assertEqual(base64.b64decode(next(it)["event"]["data"]["stdout"]), b"/\n")
+                    code, body = a.unary("process.Process/List", {})
+                    self.assertEqual(code, 200)
+                    procs = {p["pid"]: p for p in body.get("processes", [])}
+                    self.assertEqual(procs[pid]["config"]["cwd"], "/", (extra, procs))
+                    a.unary("process.Process/SendSignal",
+                            {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"})
+                    st.close()
+                finally:
+                    os.makedirs(gone, mode=0o755, exist_ok=True)
+        os.rmdir(gone)
+
     def test_many_concurrent(self):
         # 40 at once: every exit reaches its own process (one SIGCHLD may
         # stand for several exits).
