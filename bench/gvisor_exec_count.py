@@ -10,7 +10,7 @@ are the exec's work, the wall clock is that work times what a stop costs on
 this machine at this load.
 
   bench/gvisor_exec_count.py --build build-release [--agent A1,A2] [-n 20]
-                             [--probe MODE,MODE...]
+                             [--probe MODE,MODE...] [--program "/bin/sh -c 'echo ready'"]
 
 Per agent (default: the build's), one sandbox: Starts of `/bin/sh -c "echo
 ready"` (three: the first in a fresh sandbox pays for new ptrace stubs),
@@ -143,7 +143,7 @@ def starts(T, TB, agent):
         box.close()
 
 
-def probe(T, TB, agent, binary, modes, n):
+def probe(T, TB, agent, binary, modes, n, program=""):
     box = Box(T, TB, agent)
     try:
         with open(binary, "rb") as f:
@@ -154,10 +154,11 @@ def probe(T, TB, agent, binary, modes, n):
             raise RuntimeError("upload: %r" % err)
 
         def run(mode):
-            return box.sb.start("/tmp/probe %d %s" % (n, mode), timeout=600)
+            return box.sb.start("/tmp/probe %d %s %s" % (n, mode, program), timeout=600)
         (_, out, _), base = counted(box.pid, lambda: run("none"))
-        print("probe in one sandbox, n=%d per mode, counts per iteration minus the baseline "
-              "(probe start + %d sleeps: %d ptrace, %d wait4)" % (n, n, base["ptrace"], base["wait4"]))
+        print("probe in one sandbox, program %s, n=%d per mode, counts per iteration minus the "
+              "baseline (probe start + %d sleeps: %d ptrace, %d wait4)" % (
+                  program or "/usr/bin/busybox echo ready", n, n, base["ptrace"], base["wait4"]))
         print("| mode | host ptrace | wait4 | context switches | in-sandbox ms (first / p50 / min) | load |")
         print("|---|---|---|---|---|---|")
         for m in modes:
@@ -178,7 +179,9 @@ def main():
     ap.add_argument("-n", type=int, default=20, help="iterations per probe mode")
     ap.add_argument("--probe", default=None, metavar="MODES",
                     help="also run these gvisor_exec_probe modes (e.g. getppid,sig31,clone_exit,"
-                         "fork_exit,vfork_exec,fork_exec,prefork_exec,prefork_noexec)")
+                         "fork_exit,vfork_exec,fork_exec,posix_spawn,prefork_exec,prefork_noexec)")
+    ap.add_argument("--program", default="",
+                    help="the probe's PROGRAM ARG... as a shell word list (default: its busybox echo)")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ["OSR_LOCAL_DRIVER"] = os.path.join(build, "tests", "integration", "local", "local_driver")
@@ -194,7 +197,7 @@ def main():
         print()
     if args.probe:
         probe(T, TB, agents[-1], os.path.join(build, "bench", "gvisor_exec_probe"),
-              args.probe.split(","), args.n)
+              args.probe.split(","), args.n, args.program)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@
  *   vfork_exec      clone(CLONE_VM | CLONE_VFORK) + execve PROGRAM, to its
  *                   first output byte (the agent's way)
  *   fork_exec       fork() + execve PROGRAM, to its first output byte
+ *   posix_spawn     glibc's posix_spawn (clone(CLONE_VM | CLONE_VFORK) too, and
+ *                   its child reads or resets every signal's disposition)
  *   prefork_exec    a child forked ahead waits on a pipe; from the write to
  *                   the pipe to PROGRAM's first output byte (a pre-forked
  *                   spawn helper's critical path)
@@ -30,6 +32,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +103,24 @@ static double spawn_exec(int use_fork)
   }
   close(p[1]);
   double r = pid > 0 ? first_byte(p[0], t0, pid) : -1;
+  close(p[0]);
+  return r;
+}
+
+static double spawn_posix(void)
+{
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0)
+    return -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+  double t0 = now_ms();
+  pid_t pid = -1;
+  int rv = posix_spawn(&pid, prog[0], &fa, NULL, prog, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(p[1]);
+  double r = rv == 0 ? first_byte(p[0], t0, pid) : -1;
   close(p[0]);
   return r;
 }
@@ -209,6 +230,8 @@ int main(int argc, char **argv)
       x = spawn_exec(0);
     else if (strcmp(mode, "fork_exec") == 0)
       x = spawn_exec(1);
+    else if (strcmp(mode, "posix_spawn") == 0)
+      x = spawn_posix();
     else if (strcmp(mode, "prefork_exec") == 0)
       x = prefork(1);
     else if (strcmp(mode, "prefork_noexec") == 0)
