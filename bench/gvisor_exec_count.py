@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where a gVisor exec goes, in counts that do not depend on the load: the
 host system calls of the sentry (`perf stat -p <runsc sandbox pid>`: ptrace,
-wait4, context switches) around each Start through osr-agent, in a sandbox
+wait4, context switches) and of its gofer (every file lookup the sentry has
+not cached) around each Start through osr-agent, in a sandbox
 taken from the warm pool (pool of 1), and around each mode of
 bench/gvisor_exec_probe inside the same kind of sandbox. Under the ptrace
 platform every system call and page fault of a sandboxed process is a
@@ -24,6 +25,7 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -51,11 +53,33 @@ def sentry_pid(state, provider_id):
     raise RuntimeError("no meta.json for " + provider_id)
 
 
-def counted(pid, fn):
-    """Run fn() with perf counting the sentry's host calls; returns
-    (fn's result, {"ptrace": N, "wait4": N, "cs": N})."""
+def gofer_pid(sandbox_dir):
+    """The runsc-gofer serving the bundle in sandbox_dir (its file system
+    server: every file lookup the sentry cannot answer from its caches is
+    a round trip to it)."""
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"runsc-gofer") and sandbox_dir.encode() in argv:
+            return int(p)
+    return None
+
+
+def counted(pid, fn, gofer=None):
+    """Run fn() with perf counting the sentry's host calls (and the gofer's
+    system calls); returns (fn's result, {"ptrace": N, "wait4": N, "cs": N,
+    "gofer": N})."""
     p = subprocess.Popen(["perf", "stat", "-x,", "-e", EVENTS, "-p", str(pid)],
                          stderr=subprocess.PIPE, text=True)
+    g = None
+    if gofer is not None:
+        g = subprocess.Popen(["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", str(gofer)],
+                             stderr=subprocess.PIPE, text=True)
     time.sleep(0.3)  # attached
     try:
         r = fn()
@@ -63,9 +87,14 @@ def counted(pid, fn):
         time.sleep(0.1)
         p.send_signal(signal.SIGINT)
         _, err = p.communicate()
-    names = {"sys_enter_ptrace": "ptrace", "sys_enter_wait4": "wait4", "context-switches": "cs"}
+        gerr = ""
+        if g is not None:
+            g.send_signal(signal.SIGINT)
+            _, gerr = g.communicate()
+    names = {"sys_enter_ptrace": "ptrace", "sys_enter_wait4": "wait4", "context-switches": "cs",
+             "sys_enter": "gofer"}
     cnt = {}
-    for line in err.splitlines():
+    for line in (err + "\n" + gerr).splitlines():
         f = line.split(",")
         if len(f) > 3 and f[0].isdigit():
             cnt[names.get(f[2].split(":")[-1], f[2])] = int(f[0])
@@ -90,10 +119,13 @@ class Box:
         self.res = a["resource"]
         self.sb = T.Sandbox(self.res, self.token)
         self.pid = sentry_pid(self.state, self.res["provider_id"])
+        self.gofer = gofer_pid(os.path.join(self.state, self.res["provider_id"]))
 
     def close(self):
         self.d.call("destroy", provider_id=self.res["provider_id"], timeout=120)
         self.d.close()
+        if not [n for n in os.listdir(self.state) if n.startswith("l")]:
+            shutil.rmtree(self.state, ignore_errors=True)
 
 
 def bad_cwd_start(T, box):
@@ -125,8 +157,8 @@ def starts(T, TB, agent):
             ("Start, bad cwd", lambda: bad_cwd_start(T, box)),
             ("GET /health", lambda: health(T, box))]
     print("agent %s" % agent)
-    print("| Start | ms | host ptrace | wait4 | context switches | load |")
-    print("|---|---|---|---|---|---|")
+    print("| Start | ms | host ptrace | wait4 | context switches | gofer system calls | load |")
+    print("|---|---|---|---|---|---|---|")
     try:
         for name, fn in rows:
             time.sleep(0.3)
@@ -135,10 +167,10 @@ def starts(T, TB, agent):
                 t = time.perf_counter()
                 ok = fn()
                 return ok, (time.perf_counter() - t) * 1000.0
-            (ok, ms), c = counted(box.pid, timed)
-            print("| %s | %s | %d | %d | %d | %.1f |" % (
+            (ok, ms), c = counted(box.pid, timed, box.gofer)
+            print("| %s | %s | %d | %d | %d | %d | %.1f |" % (
                 name, "%.2f" % ms if ok else "failed", c.get("ptrace", -1), c.get("wait4", -1),
-                c.get("cs", -1), TB.loadavg()), flush=True)
+                c.get("cs", -1), c.get("gofer", -1), TB.loadavg()), flush=True)
     finally:
         box.close()
 
