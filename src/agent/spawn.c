@@ -161,9 +161,9 @@ static NO_SAN int child_main(void *arg)
   dfl.flags = 0;
   dfl.restorer = NULL;
   dfl.mask = 0;
-  /* Only the signals the agent does not have at the default (4 in a
-   * running agent: PIPE, TERM, INT, CHLD) instead of all of 1..33: in
-   * gVisor every one is a round trip through the sentry. */
+  /* Only the signals the agent does not have at the default (5 in a
+   * running agent: PIPE, TERM, INT, CHLD and glibc's 33) instead of all
+   * of 1..33: in gVisor every one is a round trip through the sentry. */
   for (int s = 1; s <= SPAWN_LAST_HANDLED_SIGNAL; s++)
     if (ctx->reset & (UINT64_C(1) << (s - 1)))
       syscall(SYS_rt_sigaction, s, &dfl, NULL, sizeof(uint64_t));

@@ -86,7 +86,7 @@ void osr__agent_spawn_init_signals(void);
 
 /** Record what a child must undo before its exec: which of signals 1..33
  * the agent has not at SIG_DFL (a handler or SIG_IGN) and whether it runs
- * SCHED_BATCH. The child resets exactly those (31 system calls fewer per
+ * SCHED_BATCH. The child resets exactly those (26 system calls fewer per
  * spawn than resetting all: in gVisor each is a ptrace round trip).
  * Contract: call it after every change of a signal disposition or of the
  * scheduling policy that happens before a later spawn (main.c calls it
