@@ -725,6 +725,8 @@ struct dp_stream_s {
   int responded;
   int resp_writing;
   int end_pending; /* upstream response complete, last write in flight */
+  int resp_ended;  /* the client's response was ended with its last body bytes */
+  int64_t resp_left; /* Content-Length body bytes not yet relayed, -1 unknown */
   osr_splice_xfer_t *xfer; /* the body being spliced (resp_writing is set), or NULL */
   uint64_t xfer_len;
   dp_act_t *act;   /* activity entry of the sandbox (dp_activity.h), may be NULL */
@@ -849,7 +851,7 @@ static void upstream_done(dp_stream_t *st)
     pool_put(st->dp, st->pool_b, st->addr, st->port, st->tls, c);
   else if (c != NULL)
     osr_http_client_close(c);
-  if (st->req != NULL) {
+  if (st->req != NULL && !st->resp_ended) {
     st->resp_writing = 1;
     int wrv = osr_http_write(st->req, NULL, 0, 1, on_resp_end_written, st);
     if (wrv != 0) {
@@ -870,6 +872,8 @@ static void on_body_spliced(osr_splice_xfer_t *x, int status, void *data)
   st->resp_writing = 0;
   if (status == 0) {
     st->dp->m.bytes_out += st->xfer_len;
+    if (st->resp_left > 0)
+      st->resp_left -= (int64_t)st->xfer_len;
     osr_http_creq_raw_done(st->creq);
     return;
   }
@@ -976,6 +980,7 @@ static void creq_on_response(osr_http_creq_t *r, int status, const osr_http_head
     out[k++] = h[i];
   }
   st->responded = 1;
+  st->resp_left = cl;
   stream_release_slot(st); /* the upstream has answered: it was accepted */
   osr__dp_count(st->dp, st->port == OSR_DP_ENVD_PORT ? DP_KIND_ENVD : DP_KIND_PORT, status);
   if (osr_http_respond(st->req, status, out, k, cl) != 0)
@@ -991,10 +996,21 @@ static void creq_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int statu
     st->dp->m.bytes_out += chunk->len;
     osr_http_creq_hold(r);
     st->resp_writing = 1;
-    int wrv = osr_http_write(st->req, chunk, 1, 0, on_resp_written, st);
+    /* The last bytes of a Content-Length body end the client's response in
+     * the same write: its completion ends the exchange (req_on_done leaves
+     * the upstream request to finish on its own), with no empty write and
+     * no loop turn of its own after the upstream message completes. */
+    int end = 0;
+    if (st->resp_left >= 0) {
+      st->resp_left -= (int64_t)chunk->len;
+      end = st->resp_left == 0;
+    }
+    st->resp_ended = end;
+    int wrv = osr_http_write(st->req, chunk, 1, end, on_resp_written, st);
     if (wrv != 0) {
       OSR_LOG_DEBUG(MOD, "response write: %s", osr_strerror(wrv));
       st->resp_writing = 0;
+      st->resp_ended = 0;
       osr_http_creq_release(r);
       osr_http_abort(st->req);
     }
@@ -1120,7 +1136,6 @@ static void req_on_body(osr_http_req_t *req, const osr_iovec_t *chunk, int statu
 static void req_on_done(osr_http_req_t *req, int status)
 {
   dp_stream_t *st = req->data;
-  (void)status;
   st->req = NULL;
   st->has_pending = 0;
   stream_stop_xfer(st); /* it writes to the client's socket */
@@ -1132,8 +1147,11 @@ static void req_on_done(osr_http_req_t *req, int status)
   /* The client is gone (or the exchange ended): an upstream request still
    * running must not deliver into freed request memory. Cancel closes the
    * upstream connection if the request is on the wire; its final on_body
-   * follows and frees the stream. */
-  if (st->creq != NULL)
+   * follows and frees the stream. A response that was relayed whole (its
+   * last body bytes ended it) leaves nothing to deliver: the upstream
+   * request only has its message end to parse, then goes back to the pool
+   * (creq_on_body, upstream_done). */
+  if (st->creq != NULL && !(status == 0 && st->resp_ended))
     osr_http_creq_cancel(st->creq);
   stream_maybe_free(st);
 }

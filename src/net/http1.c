@@ -10,10 +10,11 @@
  * memory (STYLE 14).
  *
  * Memory. The parser collects the head in a capped buffer owned by the
- * connection; when the head is complete it is copied, with the request
- * struct and the header array, into one allocation per request that is
- * freed right after on_done (STYLE 10). Nothing points into the read
- * buffer after a callback returns, except a body chunk the handler holds.
+ * connection; the request's target and header array are that buffer's, and
+ * stay valid until the request is freed right after on_done (STYLE 10)
+ * because the next message is parsed only after that. The request struct
+ * is one pooled block per request. Nothing points into the read buffer
+ * after a callback returns, except a body chunk the handler holds.
  *
  * Body flow control. A body chunk is a span of sock->input. If the handler
  * holds it, the parser pauses right after it (llhttp HPE_PAUSED), the socket
@@ -66,9 +67,8 @@
 /* Response heads up to this size are formatted inside the request (no
  * allocation per response); larger ones get a block of their own. */
 #define HEAD_INLINE 320
-/* Requests whose struct, header array and strings fit in this many bytes
- * share one block size, so a connection can reuse its last one. */
 #define ERRBUF_SIZE 192 /* an error response head: status, reason, date */
+/* A request struct lives in one pooled block (see new_req). */
 #define REQ_BLOCK 4096 /* = osr_block_size(OSR_BLOCK_4K) */
 
 static const char H2_PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -104,7 +104,6 @@ typedef struct h1req_s {
   int deferred_empty;   /* an empty write completes from the timer */
   osr_http_write_cb wcb;
   void *warg;
-  size_t block_cap;     /* bytes allocated for this struct and its strings */
   char *head;           /* the formatted head: head_inline or a heap block */
   size_t head_len;
   osr_iovec_t *iov_heap;
@@ -191,13 +190,10 @@ static void free_req(h1req_t *r)
 {
   head_free(r);
   osr_freep(&r->iov_heap);
-  /* Ordinary-sized blocks go back to the thread's pool: the next request,
-   * on this connection or another, takes the same resident block, and an
-   * idle connection holds none. */
-  if (r->block_cap == REQ_BLOCK)
-    osr_block_put(OSR_BLOCK_4K, r);
-  else
-    osr_free(r);
+  /* Back to the thread's pool: the next request, on this connection or
+   * another, takes the same resident block, and an idle connection holds
+   * none. */
+  osr_block_put(OSR_BLOCK_4K, r);
 }
 
 /* Final on_body call for a body that ended abnormally (at most once). */
@@ -517,45 +513,34 @@ static void split_target(osr_http_req_t *q)
   }
 }
 
-/* Copy the head into one allocation: the request, its header array, then
- * the strings. Sizes are bounded by the parser's caps. */
+/* The request struct in a pooled block. Its target and header array are
+ * the parser's own (p->target, p->headers): the parser stops at each message
+ * boundary and begins the next message, which is what clears its head, only
+ * after exchange_done() freed this request, and it is trimmed or dropped
+ * only after that too (exchange_done, conn_free). So nothing is copied per
+ * request; trailers are never added to the head. */
 static h1req_t *new_req(h1conn_t *c, const osr_h1p_t *p)
 {
-  size_t strings = p->target.len;
-  for (size_t i = 0; i < p->num_headers; i++)
-    strings += p->headers[i].name.len + p->headers[i].value.len;
-  size_t hdr_bytes = p->num_headers * sizeof(osr_http_header_t);
-  size_t need = sizeof(h1req_t) + hdr_bytes + strings + 1;
-  size_t cap = need <= REQ_BLOCK ? REQ_BLOCK : need;
-  h1req_t *r;
-  r = cap == REQ_BLOCK ? osr_block_get(OSR_BLOCK_4K) : osr_try_malloc(cap);
+  _Static_assert(sizeof(h1req_t) <= REQ_BLOCK, "h1req_t fits a pooled block");
+  h1req_t *r = osr_block_get(OSR_BLOCK_4K);
   if (r == NULL)
     return NULL;
   memset(r, 0, offsetof(h1req_t, head_inline));
-  r->block_cap = cap;
-  osr_http_header_t *hdrs = (osr_http_header_t *)(void *)(r + 1);
-  char *str = (char *)hdrs + hdr_bytes;
 
   osr_http_req_t *q = &r->pub;
+  const char *method = llhttp_method_name((llhttp_method_t)p->method);
   q->version = p->version;
-  q->method = osr_iov(llhttp_method_name((llhttp_method_t)p->method),
-                      strlen(llhttp_method_name((llhttp_method_t)p->method)));
-  memcpy(str, p->target.base, p->target.len);
-  q->target = osr_iov(str, p->target.len);
-  str += p->target.len;
+  q->method = osr_iov(method, strlen(method));
+  q->target = p->target;
   split_target(q);
   for (size_t i = 0; i < p->num_headers; i++) {
     const osr_http_header_t *h = &p->headers[i];
-    memcpy(str, h->name.base, h->name.len);
-    hdrs[i].name = osr_iov(str, h->name.len);
-    str += h->name.len;
-    memcpy(str, h->value.base, h->value.len);
-    hdrs[i].value = osr_iov(str, h->value.len);
-    str += h->value.len;
-    if (h->name.len == 4 && memcmp(hdrs[i].name.base, "host", 4) == 0)
-      q->authority = hdrs[i].value;
+    if (h->name.len == 4 && memcmp(h->name.base, "host", 4) == 0) {
+      q->authority = h->value; /* the parser let exactly one through */
+      break;
+    }
   }
-  q->headers = hdrs;
+  q->headers = p->headers;
   q->num_headers = p->num_headers;
   q->content_length = p->content_length;
   q->expect_body = p->chunked || p->content_length > 0;

@@ -65,28 +65,36 @@ static char *head_base(osr_h1p_t *p)
  * Returns -1 past the head's cap. */
 static int append(osr_h1p_t *p, const char *at, size_t len, int token)
 {
-  osr_iovec_t tail;
+  osr_buf_t *h = &p->head;
+  char *dst;
   if (len == 0)
     return 0;
-  if (p->head.base == NULL && p->head.max >= osr_block_size(OSR_BLOCK_4K)) {
-    /* A head fits in one pooled block; osr__h1p_trim hands it back. */
-    p->head.base = osr_block_get(OSR_BLOCK_4K);
-    if (p->head.base != NULL)
-      p->head.cap = osr_block_size(OSR_BLOCK_4K);
+  if (h->base != NULL && h->off == 0 && h->cap - h->len >= len) {
+    /* The common case, inline: room in the block (cap <= max always). */
+    dst = h->base + h->len;
+  } else {
+    osr_iovec_t tail;
+    if (h->base == NULL && h->max >= osr_block_size(OSR_BLOCK_4K)) {
+      /* A head fits in one pooled block; osr__h1p_trim hands it back. */
+      h->base = osr_block_get(OSR_BLOCK_4K);
+      if (h->base != NULL)
+        h->cap = osr_block_size(OSR_BLOCK_4K);
+    }
+    if (osr_buf_reserve(h, len, &tail) != 0)
+      return -1;
+    dst = tail.base;
   }
-  if (osr_buf_reserve(&p->head, len, &tail) != 0)
-    return -1;
   if (token) {
     for (size_t i = 0; i < len; i++) {
       unsigned char c = (unsigned char)at[i], t = TCHAR[c];
       if (t == 0)
         return 1;
-      tail.base[i] = (char)(c | (t & 0x20));
+      dst[i] = (char)(c | (t & 0x20));
     }
   } else {
-    memcpy(tail.base, at, len);
+    memcpy(dst, at, len);
   }
-  osr_buf_commit(&p->head, len);
+  h->len += len;
   return 0;
 }
 
