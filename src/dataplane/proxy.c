@@ -45,6 +45,7 @@
 #include "net/addr.h"
 #include "net/connect.h"
 #include "net/fdpass.h"
+#include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/text.h"
@@ -726,6 +727,7 @@ struct dp_stream_s {
   int resp_writing;
   int end_pending; /* upstream response complete, last write in flight */
   int resp_ended;  /* the client's response was ended with its last body bytes */
+  char *tail;      /* a copy of those bytes (pooled block) while they are written, or NULL */
   int64_t resp_left; /* Content-Length body bytes not yet relayed, -1 unknown */
   osr_splice_xfer_t *xfer; /* the body being spliced (resp_writing is set), or NULL */
   uint64_t xfer_len;
@@ -932,7 +934,11 @@ static void on_resp_written(osr_http_req_t *req, int status, void *arg)
   dp_stream_t *st = arg;
   (void)req;
   st->resp_writing = 0;
-  if (status == 0 && st->creq != NULL) {
+  if (st->tail != NULL) {
+    /* A copied last chunk: the upstream was not held for it. */
+    osr_block_put(OSR_BLOCK_4K, st->tail);
+    st->tail = NULL;
+  } else if (status == 0 && st->creq != NULL) {
     if (!splice_body(st))
       osr_http_creq_release(st->creq); /* read the next chunk */
   } else if (status == 0 && st->end_pending) {
@@ -994,24 +1000,40 @@ static void creq_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int statu
     if (st->req == NULL || chunk->len == 0)
       return;
     st->dp->m.bytes_out += chunk->len;
-    osr_http_creq_hold(r);
-    st->resp_writing = 1;
     /* The last bytes of a Content-Length body end the client's response in
      * the same write: its completion ends the exchange (req_on_done leaves
      * the upstream request to finish on its own), with no empty write and
-     * no loop turn of its own after the upstream message completes. */
+     * no loop turn of its own after the upstream message completes. If
+     * they fit a pooled block they are copied, so the upstream is not held:
+     * its message completes right after this callback and the connection
+     * is back in the pool before the client's write even completed. */
     int end = 0;
     if (st->resp_left >= 0) {
       st->resp_left -= (int64_t)chunk->len;
       end = st->resp_left == 0;
     }
+    osr_iovec_t out = *chunk;
+    if (end && chunk->len <= osr_block_size(OSR_BLOCK_4K))
+      st->tail = osr_block_get(OSR_BLOCK_4K);
+    if (st->tail != NULL) {
+      memcpy(st->tail, chunk->base, chunk->len);
+      out = osr_iov(st->tail, chunk->len);
+    } else {
+      osr_http_creq_hold(r);
+    }
+    st->resp_writing = 1;
     st->resp_ended = end;
-    int wrv = osr_http_write(st->req, chunk, 1, end, on_resp_written, st);
+    int wrv = osr_http_write(st->req, &out, 1, end, on_resp_written, st);
     if (wrv != 0) {
       OSR_LOG_DEBUG(MOD, "response write: %s", osr_strerror(wrv));
       st->resp_writing = 0;
       st->resp_ended = 0;
-      osr_http_creq_release(r);
+      if (st->tail != NULL) {
+        osr_block_put(OSR_BLOCK_4K, st->tail);
+        st->tail = NULL;
+      } else {
+        osr_http_creq_release(r);
+      }
       osr_http_abort(st->req);
     }
     return;
@@ -1026,8 +1048,9 @@ static void creq_on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int statu
   if (status == OSR_EOF) {
     st->client = c;
     /* The last chunk may still be on its way to the client, pointing into
-     * this connection's input: hand the connection back only after it. */
-    if (st->resp_writing)
+     * this connection's input: hand the connection back only after it
+     * (a copied one points at st->tail instead). */
+    if (st->resp_writing && st->tail == NULL)
       st->end_pending = 1;
     else
       upstream_done(st);

@@ -430,6 +430,96 @@ class Ports(Base):
         finally:
             lsock.close()
 
+    def test_response_ends_with_its_last_bytes_and_upstream_is_reused(self):
+        # The proxy ends the client's response with the last bytes of a
+        # Content-Length body (copied when they fit a pooled 4 KiB block, so
+        # the upstream message completes at once; held in place otherwise)
+        # and the upstream connection goes back to the pool either way.
+        # Bodies whose last bytes are copied (and empty ones, HEAD, 204)
+        # return the connection before the client even has the response, so
+        # a run of them must use exactly one upstream connection.
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(8)
+        port = lsock.getsockname()[1]
+        accepted = []
+        big = os.urandom(300000)
+
+        def body_for(name):
+            if name.startswith("n"):
+                return big[:int(name[1:])]
+            return b""
+
+        def serve(c):
+            buf = b""
+            with c:
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        d = c.recv(65536)
+                        if not d:
+                            return
+                        buf += d
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    method, target = head.split(b" ")[:2]
+                    name = target.rsplit(b"/", 1)[1].decode()
+                    if name == "nocontent":
+                        c.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+                        continue
+                    body = body_for(name)
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) +
+                              (b"" if method == b"HEAD" else body))
+
+        def accept_loop():
+            while True:
+                try:
+                    c, _ = lsock.accept()
+                except OSError:
+                    return
+                accepted.append(c)
+                threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+        threading.Thread(target=accept_loop, daemon=True).start()
+        try:
+            e = self.env
+            t = e.token(scopes="ports", ports=str(port))
+            c = http.client.HTTPConnection("127.0.0.1", e.port, timeout=10)
+
+            def get(name, method="GET"):
+                c.request(method, "/sbx/%s/%d/%s" % (SID, port, name), headers={"X-Access-Token": t})
+                r = c.getresponse()
+                return r, r.read()
+
+            for i in range(3):
+                for n in (12, 0, 1, 4096, 200):
+                    with self.subTest(i=i, n=n):
+                        r, data = get("n%d" % n)
+                        self.assertEqual(r.status, 200)
+                        self.assertEqual(r.getheader("Content-Length"), str(n))
+                        self.assertEqual(data, big[:n])
+                r, data = get("n12", "HEAD")
+                self.assertEqual((r.status, r.getheader("Content-Length"), data), (200, "12", b""))
+                r, data = get("nocontent")
+                self.assertEqual((r.status, data), (204, b""))
+            self.assertEqual(len(accepted), 1)
+            # Last bytes larger than the copy block: held in the upstream
+            # connection's input until written; the exchange ends first and
+            # the upstream request finishes on the next loop turns, so give
+            # it a moment before the next request looks in the pool.
+            for n in (4097, 70000, 300000):
+                with self.subTest(n=n):
+                    r, data = get("n%d" % n)
+                    self.assertEqual(r.status, 200)
+                    self.assertEqual(hashlib.sha256(data).hexdigest(), hashlib.sha256(big[:n]).hexdigest())
+                time.sleep(0.2)
+            r, data = get("n12")
+            self.assertEqual(data, big[:12])
+            self.assertEqual(len(accepted), 1)
+            c.close()
+        finally:
+            lsock.close()
+            for s in accepted:
+                s.close()
+
     def test_keepalive_client_and_pooled_upstreams(self):
         # Several requests on one client connection, each reusing a pooled
         # upstream (agent connection / tunnel). Needs the http1_client fix
