@@ -51,6 +51,7 @@
 #include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/slab.h"
 #include "util/text.h"
 
 #define MOD "http1"
@@ -76,7 +77,19 @@ static const char H2_PREFACE[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 typedef struct h1conn_s h1conn_t;
 
-enum { TIMER_NONE, TIMER_HEADER, TIMER_HEADER_DONE, TIMER_LINGER, TIMER_DEFER, TIMER_FREE };
+/* A keep-alive connection idle this long is parked: its h1conn_t is freed
+ * and the socket alone waits for the next request (see park()). */
+#define PARK_MS 500
+
+enum {
+  TIMER_NONE,
+  TIMER_HEADER,
+  TIMER_HEADER_DONE,
+  TIMER_LINGER,
+  TIMER_DEFER,
+  TIMER_FREE,
+  TIMER_PARK
+};
 
 typedef struct h1req_s {
   osr_http_req_t pub; /* first: the API hands out &pub */
@@ -129,7 +142,8 @@ struct h1conn_s {
   osr_timer_t timer;    /* holds a reference on its loop context */
   h1req_t *req;         /* the current exchange, or NULL */
   char *errbuf;         /* our error response (allocated when one is sent) */
-  uint64_t hdr_deadline; /* loop time by which the current head must be complete */
+  uint64_t hdr_deadline; /* loop time by which the current head must be complete;
+                          * between requests (TIMER_PARK), when the last one ended */
   int close_status;     /* why, for on_done */
   uint32_t linger_bytes;
   osr_sock_peer_t peer; /* formatted per request and per log line */
@@ -142,10 +156,16 @@ struct h1conn_s {
   unsigned err_writing : 1; /* our own error response is being written */
   unsigned closing : 1;
   unsigned peer_eof : 1;
+  unsigned on_heap : 1; /* from osr_xcalloc: the slab had no page (see conn_new) */
 };
 
 static void process_input(h1conn_t *c);
 static void exchange_done(h1conn_t *c);
+
+/* Connection structs of this thread, in pages of their own (util/slab.h):
+ * parked connections free theirs, and that has to give memory back, which
+ * a hole between two sockets in the malloc heap would not. */
+static __thread osr_slab_t conn_slab = {.size = sizeof(h1conn_t)};
 
 static const osr_iovec_t EMPTY_CHUNK = {NULL, 0};
 
@@ -311,6 +331,8 @@ static void conn_fail(h1conn_t *c, int status, int err)
 /* ---- timers ----------------------------------------------------------------- */
 
 static void conn_free(h1conn_t *c);
+static int parkable(const h1conn_t *c);
+static void park(h1conn_t *c);
 
 static void on_timer(osr_timer_t *t)
 {
@@ -355,6 +377,19 @@ static void on_timer(osr_timer_t *t)
   case TIMER_FREE:
     conn_free(c);
     break;
+  case TIMER_PARK: {
+    uint64_t now = osr_loopctx_now(osr_timer_ctx(&c->timer));
+    if (!parkable(c))
+      break;
+    if (now - c->hdr_deadline < PARK_MS) {
+      /* Armed for an earlier idle spell (see idle_start): wait for the
+       * rest of this one. */
+      timer_set(c, TIMER_PARK, PARK_MS - (now - c->hdr_deadline));
+      break;
+    }
+    park(c);
+    break;
+  }
   default:
     break;
   }
@@ -375,7 +410,10 @@ static void conn_free(h1conn_t *c)
   parser_drop(c);
   osr_free(c->errbuf);
   osr_loopctx_release(osr_timer_ctx(&c->timer));
-  osr_free(c);
+  if (c->on_heap)
+    osr_free(c);
+  else
+    osr_slab_free(&conn_slab, c);
 }
 
 /* The socket is gone or handed over: free the connection from the next
@@ -491,7 +529,8 @@ static int on_msg_begin(osr_h1p_t *p)
    * heap removal and insertion per request on keep-alive connections. */
   uint64_t ms = c->opts->limits.header_timeout_ms;
   c->hdr_deadline = osr_loopctx_now(osr_timer_ctx(&c->timer)) + ms;
-  if ((c->timer_mode == TIMER_HEADER || c->timer_mode == TIMER_HEADER_DONE) &&
+  if ((c->timer_mode == TIMER_HEADER || c->timer_mode == TIMER_HEADER_DONE ||
+       c->timer_mode == TIMER_PARK) &&
       osr_timer_is_active(&c->timer)) {
     c->timer_mode = TIMER_HEADER;
     return 0;
@@ -656,6 +695,87 @@ static void parser_drop(h1conn_t *c)
   osr_freep(&c->p);
 }
 
+/* ---- parking ----------------------------------------------------------------
+ * A keep-alive connection that stays idle for PARK_MS gives its h1conn_t
+ * back: the socket alone (owner data: the server) waits for the next
+ * request, which allocates a fresh connection (and reads the peer address
+ * again, one getpeername). An idle connection then costs its socket and
+ * nothing else. The timer that notices is the connection's own, armed once
+ * per idle spell at most: a timer still due within PARK_MS (the one armed
+ * for an earlier spell, relabelled by on_msg_begin) is reused, and fires
+ * early at worst (it re-arms for the rest). */
+
+static void parked_on_read(osr_sock_t *s, int status);
+static void parked_on_close(osr_sock_t *s)
+{
+  (void)s; /* nothing of ours is left */
+}
+static void parked_on_idle(osr_sock_t *s)
+{
+  osr_sock_close(s); /* keep-alive timeout, or the server drains */
+}
+
+static const osr_sock_events_t parked_events = {
+  .on_read = parked_on_read,
+  .on_close = parked_on_close,
+  .on_timeout = parked_on_idle,
+  .on_drain = parked_on_idle,
+};
+
+static h1conn_t *conn_new(osr_http_server_t *srv, osr_sock_t *s)
+{
+  h1conn_t *c = osr_slab_alloc(&conn_slab);
+  if (c == NULL) {
+    c = osr_xcalloc(1, sizeof(*c));
+    c->on_heap = 1;
+  }
+  c->opts = osr__http_server_opts(srv);
+  c->sock = s;
+  (void)osr_sock_peer(s, &c->peer); /* family 0 ("unknown") on error */
+  osr_timer_init(&c->timer, osr_loopctx_acquire(s->loop));
+  osr_sock_set_events(s, &sock_events, c);
+  return c;
+}
+
+static void parked_on_read(osr_sock_t *s, int status)
+{
+  /* The next request (or the end): a connection again, as it was. */
+  conn_new(s->data, s);
+  on_sock_read(s, status);
+}
+
+static int parkable(const h1conn_t *c)
+{
+  return sock_usable(c) && c->req == NULL && c->p == NULL && !c->sniff && !c->draining &&
+         !c->lingering && !c->err_writing && !c->peer_eof && !c->resume_parser &&
+         c->sock->input.len == 0;
+}
+
+/* Only from the connection's timer (a top-level callback). */
+static void park(h1conn_t *c)
+{
+  osr_sock_t *s = c->sock;
+  osr_timer_stop(&c->timer);
+  osr_sock_set_events(s, &parked_events, osr__http_server_of(c->opts));
+  c->sock = NULL;
+  conn_free(c);
+}
+
+/* The exchange is over and nothing waits to be parsed. */
+static void idle_start(h1conn_t *c)
+{
+  c->hdr_deadline = osr_loopctx_now(osr_timer_ctx(&c->timer));
+  if (c->sniff)
+    return;
+  int m = c->timer_mode;
+  if ((m == TIMER_HEADER_DONE || m == TIMER_PARK) && osr_timer_is_active(&c->timer) &&
+      osr_timer_due_in(&c->timer) <= PARK_MS) {
+    c->timer_mode = TIMER_PARK;
+    return;
+  }
+  timer_set(c, TIMER_PARK, PARK_MS);
+}
+
 /* ---- input processing ------------------------------------------------------ */
 
 static void handoff_h2(h1conn_t *c)
@@ -777,10 +897,12 @@ static void exchange_done(h1conn_t *c)
   }
   /* Next request: buffered pipelined bytes are delivered on the next loop
    * turn (never re-entrantly from here). */
-  if (c->sock->input.len == 0)
+  if (c->sock->input.len == 0) {
     parser_drop(c); /* idle until the next request */
-  else
+    idle_start(c);
+  } else {
     osr__h1p_trim(c->p);
+  }
   osr_sock_set_idle_timeout(c->sock, c->opts->limits.idle_timeout_ms);
   osr_sock_read_start(c->sock);
 }
@@ -1140,14 +1262,8 @@ size_t osr__http1_conn_size(void)
 
 void osr__http1_server_start(osr_http_server_t *srv, osr_sock_t *s)
 {
-  h1conn_t *c = osr_xcalloc(1, sizeof(*c));
-  c->opts = osr__http_server_opts(srv);
-  c->sock = s;
+  h1conn_t *c = conn_new(srv, s);
   c->sniff = !osr_sock_is_tls(s);
-  (void)osr_sock_peer(s, &c->peer); /* family 0 ("unknown") on error */
-  osr_timer_init(&c->timer, osr_loopctx_acquire(s->loop));
-
-  osr_sock_set_events(s, &sock_events, c);
   osr_sock_set_nodelay(s, 1);
   osr_sock_set_idle_timeout(s, c->opts->limits.idle_timeout_ms);
   if (osr_sock_read_start(s) != 0)

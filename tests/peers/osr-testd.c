@@ -407,6 +407,7 @@ static void route_headers(osr_http_req_t *req)
                         (json_int_t)req->content_length, "headers", h);
   /* TLS details, so tests can check SNI and ALPN end to end. */
   const char *sni = osr_sock_sni(req->sock), *alpn = osr_sock_alpn(req->sock);
+  json_object_set_new(j, "peer", json_string(req->peer));
   json_object_set_new(j, "tls", json_boolean(req->is_tls));
   json_object_set_new(j, "sni", sni != NULL ? json_string(sni) : json_null());
   json_object_set_new(j, "alpn", alpn != NULL ? json_string(alpn) : json_null());

@@ -580,6 +580,53 @@ class Slowloris(ServerCase):
         self.assertEqual(keep.get()[0], 200)
         keep.close()
 
+    def test_parked_connection_wakes_up_whole(self):
+        # A keep-alive connection idle for more than 0.5 s is parked (its
+        # HTTP/1.1 state freed, the socket alone waits): the next request
+        # on it gets a fresh connection state with the same peer, and
+        # pipelined requests, a body and another spell of idleness work as
+        # before. Two connections at once, parked and woken in turn.
+        a, b = KeepConn(self.port), KeepConn(self.port)
+
+        def headers(k):
+            st, hdrs, body = k.get("/headers?x=1")
+            self.assertEqual(st, 200)
+            return json.loads(body)
+
+        ja = headers(a)
+        self.assertEqual(ja["peer"], "127.0.0.1:%d" % a.s.getsockname()[1])
+        jb = headers(b)
+        for i in range(3):
+            time.sleep(0.8)
+            for k, j0 in ((a, ja), (b, jb)):
+                j = headers(k)
+                self.assertEqual(j["peer"], j0["peer"])
+                self.assertEqual(j["target"], "/headers?x=1")
+                self.assertEqual(j["headers"], {"host": "t"})
+        time.sleep(0.8)
+        # Pipelined right after the wake-up: both answered, in order.
+        a.s.sendall(b"GET /bytes?n=3 HTTP/1.1\r\nHost: t\r\n\r\n"
+                    b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello")
+        buf = b""
+        while len(responses(buf)) < 2:
+            d = a.s.recv(65536)
+            self.assertTrue(d, buf)
+            buf += d
+        r = responses(buf)
+        self.assertEqual([x[0] for x in r], [200, 200])
+        self.assertEqual(r[1][2], b"hello")
+        time.sleep(0.8)
+        b.s.sendall(b"GET /hello HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        buf = b""
+        while True:
+            d = b.s.recv(65536)
+            if not d:
+                break
+            buf += d
+        self.assertEqual(status_of(buf), 200)
+        a.close()
+        b.close()
+
 
 class IdleTimeout(ServerCase):
     EXTRA = ("--idle-timeout-ms", "700")
@@ -671,6 +718,12 @@ class Tls(unittest.TestCase):
         self.assertTrue(cp.stdout.startswith(b"hello world\n"), cp.stdout)
         j = json.loads(cp.stdout[len(b"hello world\n"):])
         self.assertEqual(j["version"] if "version" in j else 11, 11)
+        self.assertIn("Re-using existing connection", cp.stderr.decode())
+        # A parked keep-alive connection (idle > 0.5 s) wakes up over TLS too.
+        cp = curl("--http1.1", "--cacert", self.certs.ca, "--resolve", "localhost:%d:127.0.0.1" % self.srv.port,
+                  "-v", "--rate", "1/s", url + "/hello", url + "/hello", url + "/hello")
+        self.assertEqual(cp.returncode, 0, cp.stderr)
+        self.assertEqual(cp.stdout, b"hello world\n" * 3)
         self.assertIn("Re-using existing connection", cp.stderr.decode())
         data = os.urandom(1024 * 1024)
         cp = osrtest.sh(["curl", "-sS", "--http1.1", "--cacert", self.certs.ca, "--resolve",

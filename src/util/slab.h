@@ -1,0 +1,39 @@
+/*
+ * Fixed-size objects in pages of their own (a minimal slab allocator), for
+ * small per-connection structs that come and go while their neighbours in
+ * the malloc heap stay: an HTTP/1.1 connection's state is freed when the
+ * connection parks (net/http1.c), but a 128-byte hole between two sockets
+ * in the heap stays resident, so freeing it would not lower the process's
+ * memory. Objects here share 4 KiB pages mapped for them alone; a page
+ * whose last object is freed is unmapped (one empty page is kept, so a
+ * count that hovers at a page boundary does not map and unmap in turn).
+ *
+ * Not thread-safe: one osr_slab_t per thread (e.g. `static __thread`), and
+ * every object freed on the thread that allocated it. Pages still holding
+ * objects when the thread exits are leaked with them. Under AddressSanitizer
+ * free objects are poisoned, so a use after free is still reported.
+ */
+#ifndef OSR_UTIL_SLAB_H
+#define OSR_UTIL_SLAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osr/common.h"
+
+typedef struct osr_slab_page_s osr_slab_page_t;
+
+typedef struct osr_slab_s {
+  size_t size;               /**< object size (set before the first alloc, <= 1 KiB) */
+  osr_slab_page_t *partial;  /* pages with a free object */
+  osr_slab_page_t *spare;    /* an empty page kept mapped, or NULL */
+  size_t npages;             /* pages mapped (statistics, tests) */
+} osr_slab_t;
+
+/** A zeroed object of s->size bytes, or NULL when out of memory. */
+OSR_WUR void *osr_slab_alloc(osr_slab_t *s);
+
+/** Free an object of `s` (NULL is fine). */
+void osr_slab_free(osr_slab_t *s, void *p);
+
+#endif
