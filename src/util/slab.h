@@ -24,10 +24,10 @@
 typedef struct osr_slab_page_s osr_slab_page_t;
 
 typedef struct osr_slab_s {
-  size_t size;               /**< object size (set before the first alloc, <= 1 KiB) */
-  osr_slab_page_t *partial;  /* pages with a free object */
-  osr_slab_page_t *spare;    /* an empty page kept mapped, or NULL */
-  size_t npages;             /* pages mapped (statistics, tests) */
+  size_t size;              /**< object size (set before the first alloc, <= 1 KiB) */
+  osr_slab_page_t *partial; /* pages with a free object */
+  osr_slab_page_t *spare;   /* an empty page kept mapped, or NULL */
+  size_t npages;            /* pages mapped (statistics, tests) */
 } osr_slab_t;
 
 /** A zeroed object of s->size bytes, or NULL when out of memory. */

@@ -9,7 +9,7 @@
 
 #include "util/slab.h"
 
-#define OBJ 120 /* rounded to 128: 31 per page after the 64-byte header */
+#define OBJ      120 /* rounded to 128: 31 per page after the 64-byte header */
 #define PER_PAGE 31
 
 static void test_zeroed_distinct_reused(void **state)
