@@ -48,6 +48,7 @@
 #include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/slab.h"
 #include "util/text.h"
 
 #define MOD OSR_DP_MOD
@@ -68,6 +69,10 @@ typedef struct dp_conn_s {
   osr_http_client_t *c;
   uint64_t since; /* uv_now when it became idle */
 } dp_conn_t;
+
+/* Pool entries come and go once per proxied request: a page-backed slab
+ * of this thread (the data plane's loop thread) instead of malloc/free. */
+static __thread osr_slab_t conn_slab = {.size = sizeof(dp_conn_t)};
 
 struct dp_pool_s {
   dp_pool_t *next;
@@ -117,7 +122,7 @@ static osr_http_client_t *pool_get(osr_dataplane_t *dp, unsigned b, const char *
   p->idle = k->next;
   p->nidle--;
   osr_http_client_t *c = k->c;
-  osr_free(k);
+  osr_slab_free(&conn_slab, k);
   return c;
 }
 
@@ -129,7 +134,7 @@ static void pool_put(osr_dataplane_t *dp, unsigned b, const char *addr, uint16_t
     osr_http_client_close(c);
     return;
   }
-  dp_conn_t *k = osr_xmalloc(sizeof(*k));
+  dp_conn_t *k = osr_slab_xalloc(&conn_slab);
   k->c = c;
   k->since = uv_now(dp->loop);
   k->next = p->idle;
@@ -157,7 +162,7 @@ void osr__dp_pools_sweep(osr_dataplane_t *dp, uint64_t max_idle_ms)
           *kp = k->next;
           p->nidle--;
           osr_http_client_close(k->c);
-          osr_free(k);
+          osr_slab_free(&conn_slab, k);
         } else {
           kp = &k->next;
         }

@@ -156,7 +156,6 @@ struct h1conn_s {
   unsigned err_writing : 1; /* our own error response is being written */
   unsigned closing : 1;
   unsigned peer_eof : 1;
-  unsigned on_heap : 1; /* from osr_xcalloc: the slab had no page (see conn_new) */
 };
 
 static void process_input(h1conn_t *c);
@@ -410,10 +409,7 @@ static void conn_free(h1conn_t *c)
   parser_drop(c);
   osr_free(c->errbuf);
   osr_loopctx_release(osr_timer_ctx(&c->timer));
-  if (c->on_heap)
-    osr_free(c);
-  else
-    osr_slab_free(&conn_slab, c);
+  osr_slab_free(&conn_slab, c);
 }
 
 /* The socket is gone or handed over: free the connection from the next
@@ -678,10 +674,15 @@ static const osr_h1p_events_t parser_events = {
  * being received or bytes wait to be parsed: an idle keep-alive connection
  * holds none. Messages are parsed one at a time and the parser stops at each
  * message boundary, where a fresh one is equivalent to the old one. */
+/* Parsers of this thread, from a page-backed slab: one comes and goes per
+ * request on a keep-alive connection, cheaper than malloc/free. */
+_Static_assert(sizeof(osr_h1p_t) <= 1024, "a parser fits the slab");
+static __thread osr_slab_t parser_slab = {.size = sizeof(osr_h1p_t)};
+
 static osr_h1p_t *parser_get(h1conn_t *c)
 {
   if (c->p == NULL) {
-    c->p = osr_xmalloc(sizeof(*c->p));
+    c->p = osr_slab_xalloc(&parser_slab);
     osr__h1p_init(c->p, 1, &c->opts->limits, c->opts->limits.max_body, &parser_events, c);
   }
   return c->p;
@@ -692,7 +693,8 @@ static void parser_drop(h1conn_t *c)
   if (c->p == NULL)
     return;
   osr__h1p_dispose(c->p);
-  osr_freep(&c->p);
+  osr_slab_free(&parser_slab, c->p);
+  c->p = NULL;
 }
 
 /* ---- parking ----------------------------------------------------------------
@@ -724,11 +726,7 @@ static const osr_sock_events_t parked_events = {
 
 static h1conn_t *conn_new(osr_http_server_t *srv, osr_sock_t *s)
 {
-  h1conn_t *c = osr_slab_alloc(&conn_slab);
-  if (c == NULL) {
-    c = osr_xcalloc(1, sizeof(*c));
-    c->on_heap = 1;
-  }
+  h1conn_t *c = osr_slab_xalloc(&conn_slab);
   c->opts = osr__http_server_opts(srv);
   c->sock = s;
   (void)osr_sock_peer(s, &c->peer); /* family 0 ("unknown") on error */

@@ -8,6 +8,8 @@
  */
 #include "util/slab.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -128,6 +130,16 @@ void *osr_slab_alloc(osr_slab_t *s)
   UNPOISON(o, sz);
   memset(o, 0, sz);
   return o;
+}
+
+void *osr_slab_xalloc(osr_slab_t *s)
+{
+  void *p = osr_slab_alloc(s);
+  if (p == NULL) {
+    fprintf(stderr, "osr: out of memory allocating a %zu-byte slab object\n", s->size);
+    abort();
+  }
+  return p;
 }
 
 void osr_slab_free(osr_slab_t *s, void *p)

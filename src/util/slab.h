@@ -33,6 +33,10 @@ typedef struct osr_slab_s {
 /** A zeroed object of s->size bytes, or NULL when out of memory. */
 OSR_WUR void *osr_slab_alloc(osr_slab_t *s);
 
+/** As osr_slab_alloc, but out of memory aborts the process (as
+ *  osr_xmalloc does). */
+void *osr_slab_xalloc(osr_slab_t *s);
+
 /** Free an object of `s` (NULL is fine). */
 void osr_slab_free(osr_slab_t *s, void *p);
 
