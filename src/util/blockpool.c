@@ -5,24 +5,9 @@
 
 #include <pthread.h>
 
+#include "util/asan.h"
 #include "util/mem.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define OSR_HAVE_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define OSR_HAVE_ASAN 1
-#endif
-#endif
-
-#ifdef OSR_HAVE_ASAN
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n)   ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
 
 static const unsigned block_max[OSR_BLOCK_NCLASSES] = {OSR_BLOCK_CACHE_MAX, OSR_BLOCK_CACHE_MAX / 4};
 
@@ -42,7 +27,7 @@ static void cache_free(void *arg)
   for (int k = 0; k < OSR_BLOCK_NCLASSES; k++) {
     while (c->n[k] != 0) {
       void *p = c->blocks[k][--c->n[k]];
-      UNPOISON(p, osr_block_size((osr_block_class_t)k));
+      OSR_UNPOISON(p, osr_block_size((osr_block_class_t)k));
       osr_free(p);
     }
   }
@@ -58,7 +43,7 @@ void *osr_block_get(osr_block_class_t cls)
   block_cache_t *c = &cache;
   if (c->n[cls] != 0) {
     void *p = c->blocks[cls][--c->n[cls]];
-    UNPOISON(p, osr_block_size(cls));
+    OSR_UNPOISON(p, osr_block_size(cls));
     return p;
   }
   return osr_try_malloc(osr_block_size(cls));
@@ -80,6 +65,6 @@ void osr_block_put(osr_block_class_t cls, void *p)
     (void)pthread_setspecific(cache_key, c);
     c->registered = 1;
   }
-  POISON(p, osr_block_size(cls));
+  OSR_POISON(p, osr_block_size(cls));
   c->blocks[cls][c->n[cls]++] = p;
 }

@@ -13,22 +13,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define OSR_HAVE_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define OSR_HAVE_ASAN 1
-#endif
-#endif
+#include "util/asan.h"
 
-#ifdef OSR_HAVE_ASAN
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
-#else
-#define POISON(p, n)   ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
 
 #define PAGE 4096u
 #define HDR  64u /* header size, a multiple of 16 */
@@ -84,7 +70,7 @@ static osr_slab_page_t *page_new(osr_slab_t *s)
   pg = m;
   memset(pg, 0, sizeof(*pg));
   pg->cap = (uint32_t)((PAGE - HDR) / obj_size(s));
-  POISON((char *)pg + HDR, PAGE - HDR);
+  OSR_POISON((char *)pg + HDR, PAGE - HDR);
   s->npages++;
   return pg;
 }
@@ -119,7 +105,7 @@ void *osr_slab_alloc(osr_slab_t *s)
   char *o;
   if (pg->free != NULL) {
     o = pg->free;
-    UNPOISON(o, sizeof(void *));
+    OSR_UNPOISON(o, sizeof(void *));
     pg->free = *(void **)(void *)o;
   } else {
     o = (char *)pg + HDR + (size_t)pg->carved * sz;
@@ -127,7 +113,7 @@ void *osr_slab_alloc(osr_slab_t *s)
   }
   if (++pg->used == pg->cap)
     partial_unlink(s, pg); /* full */
-  UNPOISON(o, sz);
+  OSR_UNPOISON(o, sz);
   memset(o, 0, sz);
   return o;
 }
@@ -150,7 +136,7 @@ void osr_slab_free(osr_slab_t *s, void *p)
   size_t sz = obj_size(s);
   *(void **)p = pg->free;
   pg->free = p;
-  POISON(p, sz); /* the link too: osr_slab_alloc unpoisons it to read it */
+  OSR_POISON(p, sz); /* the link too: osr_slab_alloc unpoisons it to read it */
   if (--pg->used == 0) {
     page_release(s, pg);
     return;

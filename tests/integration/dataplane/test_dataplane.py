@@ -37,6 +37,42 @@ def mint(keys, kid, sid, ep, scopes="exec,files,ports", ports="all", ttl=300):
     return osrtest.sh([MINT, "sign", keys, kid, sid, ep, scopes, ports, str(ttl)]).stdout.decode().strip()
 
 
+def raw_http_backend(respond):
+    """A keep-alive HTTP/1.1 server on raw sockets for requests without a
+    body: respond(method, name) gives the response bytes for each request
+    head (name: the target's last path segment). Returns the listening
+    socket, its port and the list of accepted connections (close them all)."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)
+    accepted = []
+
+    def serve(c):
+        buf = b""
+        with c:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    d = c.recv(65536)
+                    if not d:
+                        return
+                    buf += d
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                method, target = head.split(b" ")[:2]
+                c.sendall(respond(method, target.rsplit(b"/", 1)[1].decode()))
+
+    def accept_loop():
+        while True:
+            try:
+                c, _ = lsock.accept()
+            except OSError:
+                return
+            accepted.append(c)
+            threading.Thread(target=serve, args=(c,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return lsock, lsock.getsockname()[1], accepted
+
+
 class Sentinel:
     """A unix listener counting connections (a fake agent that must stay untouched)."""
 
@@ -386,36 +422,10 @@ class Ports(Base):
         # The sandbox's Connection header and the headers it lists stay on
         # the upstream hop; "Connection: keep-alive" alone (the common case,
         # taken without scanning) drops Keep-Alive and nothing else.
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(8)
-        port = lsock.getsockname()[1]
         conns = {"keep": b"keep-alive", "list": b"keep-alive, X-Hop"}
-
-        def serve(c):
-            buf = b""
-            with c:
-                while True:
-                    while b"\r\n\r\n" not in buf:
-                        d = c.recv(65536)
-                        if not d:
-                            return
-                        buf += d
-                    head, buf = buf.split(b"\r\n\r\n", 1)
-                    which = head.split(b" ")[1].rsplit(b"/", 1)[1].decode()
-                    c.sendall(b"HTTP/1.1 200 OK\r\nConnection: " + conns[which] +
-                              b"\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nX-Kept: 1\r\n"
-                              b"Content-Length: 2\r\n\r\nok")
-
-        def accept_loop():
-            while True:
-                try:
-                    c, _ = lsock.accept()
-                except OSError:
-                    return
-                threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-        threading.Thread(target=accept_loop, daemon=True).start()
+        lsock, port, accepted = raw_http_backend(
+            lambda method, which: b"HTTP/1.1 200 OK\r\nConnection: " + conns[which] +
+            b"\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\nok")
         try:
             e = self.env
             t = e.token(scopes="ports", ports=str(port))
@@ -429,6 +439,8 @@ class Ports(Base):
                     self.assertEqual(r.getheader("X-Hop") is not None, hop_kept)
         finally:
             lsock.close()
+            for c in accepted:
+                c.close()
 
     def test_response_ends_with_its_last_bytes_and_upstream_is_reused(self):
         # The proxy ends the client's response with the last bytes of a
@@ -438,47 +450,16 @@ class Ports(Base):
         # Bodies whose last bytes are copied (and empty ones, HEAD, 204)
         # return the connection before the client even has the response, so
         # a run of them must use exactly one upstream connection.
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(8)
-        port = lsock.getsockname()[1]
-        accepted = []
         big = os.urandom(300000)
 
-        def body_for(name):
-            if name.startswith("n"):
-                return big[:int(name[1:])]
-            return b""
+        def respond(method, name):
+            if name == "nocontent":
+                return b"HTTP/1.1 204 No Content\r\n\r\n"
+            body = big[:int(name[1:])]
+            return (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) +
+                    (b"" if method == b"HEAD" else body))
 
-        def serve(c):
-            buf = b""
-            with c:
-                while True:
-                    while b"\r\n\r\n" not in buf:
-                        d = c.recv(65536)
-                        if not d:
-                            return
-                        buf += d
-                    head, buf = buf.split(b"\r\n\r\n", 1)
-                    method, target = head.split(b" ")[:2]
-                    name = target.rsplit(b"/", 1)[1].decode()
-                    if name == "nocontent":
-                        c.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
-                        continue
-                    body = body_for(name)
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) +
-                              (b"" if method == b"HEAD" else body))
-
-        def accept_loop():
-            while True:
-                try:
-                    c, _ = lsock.accept()
-                except OSError:
-                    return
-                accepted.append(c)
-                threading.Thread(target=serve, args=(c,), daemon=True).start()
-
-        threading.Thread(target=accept_loop, daemon=True).start()
+        lsock, port, accepted = raw_http_backend(respond)
         try:
             e = self.env
             t = e.token(scopes="ports", ports=str(port))
