@@ -15,7 +15,6 @@
 
 #include "util/asan.h"
 
-
 #define PAGE 4096u
 #define HDR  64u /* header size, a multiple of 16 */
 
