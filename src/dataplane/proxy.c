@@ -72,7 +72,7 @@ typedef struct dp_conn_s {
 
 /* Pool entries come and go once per proxied request: a page-backed slab
  * of this thread (the data plane's loop thread) instead of malloc/free. */
-static __thread osr_slab_t conn_slab = {.size = sizeof(dp_conn_t)};
+static __thread osr_slab_t conn_slab = {.size = sizeof(dp_conn_t), .max_spare = 4};
 
 struct dp_pool_s {
   dp_pool_t *next;

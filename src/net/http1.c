@@ -164,7 +164,7 @@ static void exchange_done(h1conn_t *c);
 /* Connection structs of this thread, in pages of their own (util/slab.h):
  * parked connections free theirs, and that has to give memory back, which
  * a hole between two sockets in the malloc heap would not. */
-static __thread osr_slab_t conn_slab = {.size = sizeof(h1conn_t)};
+static __thread osr_slab_t conn_slab = {.size = sizeof(h1conn_t), .max_spare = 8};
 
 static const osr_iovec_t EMPTY_CHUNK = {NULL, 0};
 
@@ -677,7 +677,7 @@ static const osr_h1p_events_t parser_events = {
 /* Parsers of this thread, from a page-backed slab: one comes and goes per
  * request on a keep-alive connection, cheaper than malloc/free. */
 _Static_assert(sizeof(osr_h1p_t) <= 1024, "a parser fits the slab");
-static __thread osr_slab_t parser_slab = {.size = sizeof(osr_h1p_t)};
+static __thread osr_slab_t parser_slab = {.size = sizeof(osr_h1p_t), .max_spare = 32};
 
 static osr_h1p_t *parser_get(h1conn_t *c)
 {

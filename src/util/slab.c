@@ -60,7 +60,9 @@ static osr_slab_page_t *page_new(osr_slab_t *s)
 {
   osr_slab_page_t *pg = s->spare;
   if (pg != NULL) {
-    s->spare = NULL;
+    s->spare = pg->next;
+    s->nspare--;
+    pg->next = NULL;
     return pg; /* empty, header reset by page_release */
   }
   void *m = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -79,10 +81,12 @@ static void page_release(osr_slab_t *s, osr_slab_page_t *pg)
 {
   if (pg->on_partial)
     partial_unlink(s, pg);
-  if (s->spare == NULL) {
+  if (s->nspare < (s->max_spare != 0 ? s->max_spare : 1)) {
     pg->free = NULL;
     pg->carved = 0;
+    pg->next = s->spare;
     s->spare = pg;
+    s->nspare++;
     return;
   }
   munmap(pg, PAGE);

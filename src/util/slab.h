@@ -5,8 +5,10 @@
  * connection parks (net/http1.c), but a 128-byte hole between two sockets
  * in the heap stays resident, so freeing it would not lower the process's
  * memory. Objects here share 4 KiB pages mapped for them alone; a page
- * whose last object is freed is unmapped (one empty page is kept, so a
- * count that hovers at a page boundary does not map and unmap in turn).
+ * whose last object is freed is unmapped, except for `max_spare` empty
+ * pages kept mapped, so that a count of live objects that swings by less
+ * than that many pages' worth (short-lived objects: one per request) does
+ * not map and unmap in turn.
  *
  * Not thread-safe: one osr_slab_t per thread (e.g. `static __thread`), and
  * every object freed on the thread that allocated it. Pages still holding
@@ -25,8 +27,10 @@ typedef struct osr_slab_page_s osr_slab_page_t;
 
 typedef struct osr_slab_s {
   size_t size;              /**< object size (set before the first alloc, <= 1 KiB) */
+  uint32_t max_spare;       /**< empty pages kept mapped (0 means 1) */
+  uint32_t nspare;
   osr_slab_page_t *partial; /* pages with a free object */
-  osr_slab_page_t *spare;   /* an empty page kept mapped, or NULL */
+  osr_slab_page_t *spare;   /* empty pages kept mapped */
   size_t npages;            /* pages mapped (statistics, tests) */
 } osr_slab_t;
 

@@ -75,6 +75,32 @@ static void test_pages_follow_objects(void **state)
   assert_int_equal(s.npages, 1);
 }
 
+static void test_spare_pages_bound_the_churn(void **state)
+{
+  (void)state;
+  enum { N = PER_PAGE * 6 };
+  static char *o[N];
+  osr_slab_t s = {.size = OBJ, .max_spare = 3};
+  for (int round = 0; round < 3; round++) {
+    for (size_t i = 0; i < N; i++)
+      o[i] = osr_slab_alloc(&s);
+    assert_int_equal(s.npages, 6);
+    for (size_t i = 0; i < N; i++)
+      osr_slab_free(&s, o[i]);
+    /* Three empty pages stay mapped, the rest is unmapped. */
+    assert_int_equal(s.npages, 3);
+    assert_int_equal(s.nspare, 3);
+  }
+  /* A swing within the spares maps nothing new. */
+  for (size_t i = 0; i < PER_PAGE * 3; i++)
+    o[i] = osr_slab_alloc(&s);
+  assert_int_equal(s.npages, 3);
+  assert_int_equal(s.nspare, 0);
+  for (size_t i = 0; i < PER_PAGE * 3; i++)
+    osr_slab_free(&s, o[i]);
+  assert_int_equal(s.npages, 3);
+}
+
 static void test_bad_sizes(void **state)
 {
   (void)state;
@@ -90,6 +116,7 @@ int main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_zeroed_distinct_reused),
       cmocka_unit_test(test_pages_follow_objects),
+      cmocka_unit_test(test_spare_pages_bound_the_churn),
       cmocka_unit_test(test_bad_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
