@@ -568,13 +568,8 @@ static h1req_t *new_req(h1conn_t *c, const osr_h1p_t *p)
   q->method = osr_iov(method, strlen(method));
   q->target = p->target;
   split_target(q);
-  for (size_t i = 0; i < p->num_headers; i++) {
-    const osr_http_header_t *h = &p->headers[i];
-    if (h->name.len == 4 && memcmp(h->name.base, "host", 4) == 0) {
-      q->authority = h->value; /* the parser let exactly one through */
-      break;
-    }
-  }
+  if (p->host != NULL)
+    q->authority = *p->host; /* the parser let at most one through */
   q->headers = p->headers;
   q->num_headers = p->num_headers;
   q->content_length = p->content_length;
@@ -610,7 +605,7 @@ static int on_msg_head(osr_h1p_t *p)
     return -1;
   }
   r->pub._ops = &osr__http1_req_ops;
-  const osr_iovec_t *expect = osr_http_req_header(&r->pub, "expect");
+  const osr_iovec_t *expect = p->expect;
   if (expect != NULL && p->version == 11 && r->pub.expect_body && expect->len == 12 &&
       strncasecmp(expect->base, "100-continue", 12) == 0)
     r->expect_100 = 1;

@@ -118,6 +118,8 @@ static int cb_message_begin(llhttp_t *ll)
   p->target = osr_iov(NULL, 0);
   p->reason = osr_iov(NULL, 0);
   p->headers = NULL;
+  p->host = NULL;
+  p->expect = NULL;
   p->num_headers = 0;
   p->content_length = -1;
   p->chunked = 0;
@@ -335,6 +337,9 @@ static int iov_eq(osr_iovec_t v, const char *s)
   return v.len == n && strncasecmp(v.base, s, n) == 0;
 }
 
+/* Field names in the head are lower case already (cb_header_field). */
+#define NAME_IS(n, lit) ((n).len == sizeof(lit) - 1 && memcmp((n).base, lit, sizeof(lit) - 1) == 0)
+
 /* Check the complete head and publish it. Returns 0 or a fail() code. */
 static int finish_head(osr_h1p_t *p)
 {
@@ -355,15 +360,22 @@ static int finish_head(osr_h1p_t *p)
     return fail(p, 431, OSR_ENOMEM);
   size_t nhost = 0;
   const osr_iovec_t *te = NULL;
+  p->host = NULL;
+  p->expect = NULL;
   for (size_t i = 0; i < p->_nspans; i++) {
     const struct osr_h1p_span_s *sp = &p->_spans[i];
     osr_http_header_t *h = &p->_hdrs[i];
     h->name = osr_iov(base + sp->name_off, sp->name_len);
     h->value = osr_iov(sp->value_len != 0 ? base + sp->value_off : base, sp->value_len);
-    if (iov_eq(h->name, "host"))
+    if (NAME_IS(h->name, "host")) {
       nhost++;
-    else if (iov_eq(h->name, "transfer-encoding"))
+      if (p->host == NULL)
+        p->host = &h->value;
+    } else if (NAME_IS(h->name, "transfer-encoding")) {
       te = &h->value;
+    } else if (NAME_IS(h->name, "expect") && p->expect == NULL) {
+      p->expect = &h->value;
+    }
   }
   p->headers = p->_hdrs;
   p->num_headers = p->_nspans;
@@ -519,6 +531,8 @@ static void release_head(osr_h1p_t *p)
   osr_buf_dispose(&p->head);
   index_release(p);
   p->headers = NULL;
+  p->host = NULL;
+  p->expect = NULL;
   p->num_headers = 0;
   p->target = osr_iov(NULL, 0);
   p->reason = osr_iov(NULL, 0);
