@@ -9,7 +9,7 @@ lines:
   [create] phases ID at T: start intent_run intent_ran intent_back provider
            handed update_run update_ran update_back replied (attempts N)
   [store] batch N at T in W us (cpu C us, runqueue R us)
-  [store] sqlite checkpoint at T: ...
+  [store] sqlite checkpoint at T: C of N WAL frames in W us (passive|restart|writer...)
   [reaper] pass at T ended at T2 (N live, trim W us[, longest step S us])
 
 (every time in µs, uv_hrtime; the phases relative to the request's parse)
@@ -18,14 +18,20 @@ in each step between two stamps, and how many of the slowest overlapped a
 reaper pass, a checkpoint or a store batch over 1 ms. Trace logging costs
 time itself: this shows where a tail comes from, create_bench.py measures it.
 
+With SQLite it also samples the size of the WAL file every --wal-every
+seconds and prints the checkpoints by kind (frames in the WAL when each
+ran, how long each took) and how many store transactions took over 1, 2, 5
+and 10 ms.
+
 Usage: bench/create_tail.py [--build DIR] [--store sqlite|pg] [--mode inproc|url]
-       [-c 10] [--duration 4] [--warmup 1] [--base-gateway EXE]
+       [-c 10] [--duration 4 | -n 20000] [--warmup 1] [--base-gateway EXE]
 """
 import argparse
 import os
 import re
 import statistics
 import sys
+import threading
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
@@ -49,7 +55,7 @@ NAMES = {
 
 PHASE = re.compile(r"phases (\S+) at (\d+):((?: -?\d+){10})")
 BATCH = re.compile(r"batch (\d+)(?: relaxed)? at (\d+) in (\d+) us \(cpu (\d+) us, runqueue (\d+) us\)")
-CKPT = re.compile(r"sqlite checkpoint at (\d+): (\d+) of (\d+) WAL frames in (\d+) us")
+CKPT = re.compile(r"sqlite checkpoint at (\d+): (\d+) of (\d+) WAL frames in (\d+) us(?: \(([^),]+))?")
 # "longest step" since the paged pass (engineer "reaper"); -1 in older builds' lines.
 REAP = re.compile(r"pass at (\d+) ended at (\d+) \((\d+) live, trim (\d+) us(?:, longest step (\d+) us)?\)")
 
@@ -71,7 +77,7 @@ def parse(path):
             m = CKPT.search(ln)
             if m:
                 t = int(m.group(1))
-                ckpts.append((t, t + int(m.group(4))))
+                ckpts.append((t, t + int(m.group(4)), int(m.group(3)), m.group(5) or "?"))
                 continue
             m = REAP.search(ln)
             if m:
@@ -118,7 +124,7 @@ def analyse(creates, batches, ckpts, passes, skip_us):
         out.append("| %s | %d | %d | %.0f | %.0f %% |" % (NAMES[k], sa, ss, ms, 100 * share))
     bigb = [(a, b) for a, b, *_ in batches if b - a > 1000]
     reap = [(a, b) for a, b, *_ in passes]
-    ck = [(a, b) for a, b in ckpts]
+    ck = [(a, b) for a, b, *_ in ckpts]
     spans = {"a reaper pass": reap, "a checkpoint": ck, "a store batch > 1 ms": bigb}
     out.append("")
     for what, sp in spans.items():
@@ -134,7 +140,16 @@ def analyse(creates, batches, ckpts, passes, skip_us):
                        len(ws), statistics.mean(sizes), ws[len(ws) // 2], ws[int(len(ws) * 0.99)], ws[-1],
                        len(bigb), sum(c for a, b, _, c, _ in batches if b - a > 1000),
                        sum(q for a, b, _, _, q in batches if b - a > 1000)))
-    out.append("checkpoints: %d, longest %d us" % (len(ckpts), max((b - a for a, b in ckpts), default=0)))
+    out.append("checkpoints: %d, longest %d us" % (len(ckpts), max((b - a for a, b, *_ in ckpts), default=0)))
+    for kind in sorted(set(k for *_, k in ckpts)):
+        us = sorted(b - a for a, b, _, k in ckpts if k == kind)
+        fr = sorted(f for _, _, f, k in ckpts if k == kind)
+        out.append("  %s: %d, wall p50 %d us p99 %d us max %d us; WAL frames p50 %d max %d" % (
+            kind, len(us), us[len(us) // 2], us[int(len(us) * 0.99)], us[-1], fr[len(fr) // 2], fr[-1]))
+    if batches:
+        ws = [b - a for a, b, *_ in batches]
+        out.append("store transactions (batches) over 1 / 2 / 5 / 10 ms: %s of %d" % (
+            " / ".join(str(sum(w > t for w in ws)) for t in (1000, 2000, 5000, 10000)), len(ws)))
     if batches and ckpts:
         inb = [b - a for a, b, *_ in batches if overlaps(a, b, ck)]
         outb = [b - a for a, b, *_ in batches if not overlaps(a, b, ck)]
@@ -149,6 +164,31 @@ def analyse(creates, batches, ckpts, passes, skip_us):
     return "\n".join(out)
 
 
+class WalSampler:
+    """The WAL file's size every `every` s while the load runs."""
+
+    def __init__(self, path, every):
+        self.path, self.every, self.sizes, self.done = path, every, [], threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.done.wait(self.every):
+            try:
+                self.sizes.append(os.stat(self.path).st_size)
+            except OSError:
+                self.sizes.append(0)
+
+    def stop(self):
+        self.done.set()
+        self.t.join()
+        v = self.sizes or [0]
+        step = max(1, len(v) // 20)
+        return "WAL file size (KiB) every %.2f s: max %d, p50 %d; %s" % (
+            self.every, max(v) >> 10, sorted(v)[len(v) // 2] >> 10,
+            " ".join(str(x >> 10) for x in v[::step]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(here, "..", "build-release"))
@@ -157,6 +197,8 @@ def main():
     ap.add_argument("--mode", default="inproc", choices=["inproc", "url"])
     ap.add_argument("-c", type=int, default=10)
     ap.add_argument("--duration", type=float, default=4.0)
+    ap.add_argument("-n", type=int, help="drive this many creates instead of --duration (no warm-up)")
+    ap.add_argument("--wal-every", type=float, default=0.1, help="WAL size sample period (s)")
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--gw-cpu", type=int, default=1)
     ap.add_argument("--load-cpu", type=int, default=0)
@@ -174,14 +216,17 @@ def main():
         b.pg = b.start_pg()
     try:
         g = b.start_gw(a.store, a.mode, sim, exe=a.base_gateway, log_level="trace")
-        r = b.gw_load(g, a.c, duration=a.duration)
+        wal = WalSampler(os.path.join(g.dir, "osr.db-wal"), a.wal_every) if a.store == "sqlite" else None
+        r = b.gw_load(g, a.c, count=a.n) if a.n else b.gw_load(g, a.c, duration=a.duration)
+        if wal:
+            print(wal.stop())
         print("client: %.0f creates/s p50 %d us p99 %d us (load average %.2f)" % (
             r["rps"], r["p50_us"], r["p99_us"], os.getloadavg()[0]))
         g.stop()
         glog = os.path.join(g.dir, "gateway.log")
         if a.keep_log:
             create_bench.shutil.copyfile(glog, a.keep_log)
-        print(analyse(*parse(glog), skip_us=int(a.warmup * 1e6)))
+        print(analyse(*parse(glog), skip_us=0 if a.n else int(a.warmup * 1e6)))
         b.stop_gw(g)
         if sim is not None:
             s = b.load(sim.port, "/v1/resources", create_bench.SIM_BODY, a.c, duration=a.duration)

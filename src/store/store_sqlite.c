@@ -40,30 +40,55 @@
 #include "util/mem.h"
 
 #define BUSY_TIMEOUT_MS 5000
-/* Background checkpoints: every CKPT_TICK_MS the checkpointer copies the
- * WAL into the database (PASSIVE: never blocks the writer). The writer only
- * checkpoints itself if the WAL reaches WRITER_CHECKPOINT_BYTES, which bounds
- * the WAL should the checkpointer fall behind.
+/* Checkpoints, all on the checkpoint thread and all small. The writer's
+ * wal_hook (on_wal) wakes the thread whenever the WAL has grown by
+ * CKPT_STEP_BYTES since the last wake-up (and a CKPT_TICK_MS timer catches
+ * whatever is left when writes stop), and the thread copies what is new
+ * with a PASSIVE checkpoint, which never takes the write lock: commits go
+ * on appending meanwhile. A step of 1 MiB is ~1,000 of our 1 KiB pages, a
+ * few milliseconds of copying, and it keeps the copy close behind the
+ * writer instead of 100,000-330,000 frames behind it.
  *
- * That bound is also how often the WAL starts over under sustained load:
- * SQLite rewinds the WAL only when a write transaction begins with every
- * frame already checkpointed, and while commits arrive every few hundred
- * microseconds the checkpointer practically never finishes between two of
- * them. So the WAL grows until the writer's own checkpoint (which fsyncs the
- * WAL and the database; it runs after its batch is answered, sq_after_batch,
- * and not inside the commit as SQLite's auto-checkpoint would) lets it
- * rewind. At 10,000 pages that happened every ~1,400 creates and was a
- * visible part of the p99 at concurrency 10 (interleaved runs of 20,000
- * creates: 150-275 store transactions over 2 ms vs 18-45 at 65,536). 64 MiB
- * of WAL (the journal_size_limit; 65,536 of our 1 KiB pages, 16,384 pages
- * in a database created with 4 KiB pages) make it rare; the price is a WAL
- * file of up to 64 MiB and up to 512 KiB of wal-index. */
+ * PASSIVE alone never lets the WAL start over under sustained load: SQLite
+ * rewinds it only when a write transaction begins with every frame already
+ * copied, and commits arrive while each copy runs. So once the WAL holds
+ * CKPT_RESTART_BYTES, right after a PASSIVE copy the thread tries a RESTART
+ * checkpoint, polling for the write lock (free between two of the writer's
+ * transactions) for at most CKPT_LOCK_WAIT_US (ckpt_busy). Without the lock
+ * SQLite does a PASSIVE copy and answers BUSY, and the next wake-up tries
+ * again; with it, it copies the few frames committed since the PASSIVE one,
+ * fsyncs the WAL and the database, and the next commit writes from the
+ * WAL's start. The writer waits for that hold (about two fsyncs) in on_busy,
+ * not for a whole copy. It is still a stall, which is why it happens only
+ * every CKPT_RESTART_BYTES of WAL: at 8 MiB it was 16 stalls of ~4 ms per
+ * 20,000 creates and most of their slowest 1 %, at 32 MiB four (bench/README
+ * "SQLite checkpoints off the commit path").
+ *
+ * The writer checkpoints itself (after its batch is answered, sq_after_batch)
+ * only as a last resort, when the WAL reaches WRITER_CHECKPOINT_BYTES, four
+ * times the normal size: the thread is starved or failing, and it logs a
+ * warning. That bounds the WAL however long the thread lags, and
+ * journal_size_limit truncates a WAL file that outgrew the normal size once
+ * it starts over (not below it: a WAL file that keeps its size is
+ * overwritten in place, cheaper to fsync than one that grows). */
 #define CKPT_TICK_MS 50
-#define CKPT_NICE 19
+#define CKPT_STEP_BYTES    (1024 * 1024)
+#define CKPT_RESTART_BYTES (32 * 1024 * 1024)
+#define CKPT_LOCK_WAIT_US  1000
+#define CKPT_LOCK_POLL_US  50
+/* Below the loop thread and the store worker, but not so low that a busy
+ * CPU starves it (at nice 19 it fell behind by minutes of WAL). */
+#define CKPT_NICE               5
 #define SLOTS_MAX 32
 #define CONNECT_RETRY_MS 20
-#define WRITER_CHECKPOINT_BYTES (64 * 1024 * 1024)
-#define JOURNAL_SIZE_LIMIT (64 * 1024 * 1024)
+#define WRITER_CHECKPOINT_BYTES (128 * 1024 * 1024)
+#define JOURNAL_SIZE_LIMIT      (64 * 1024 * 1024)
+/* on_busy: how long a lock wait sleeps at a time, first finely (the
+ * checkpoint thread's RESTART holds the write lock for about a millisecond;
+ * SQLite's own busy_timeout would sleep 1, 2, 5, 10 ms...), then coarsely. */
+#define BUSY_FINE_US    100
+#define BUSY_FINE_TRIES 50
+#define BUSY_COARSE_US  2000
 
 /* Why a checkpoint thread: SQLite's default auto-checkpoint runs inside the
  * COMMIT that crosses 1000 WAL pages, on the writer, with two fsyncs (WAL,
@@ -77,8 +102,11 @@ typedef struct ckpt_s {
   uv_cond_t cv;
   int stop;
   int running;
+  int wake; /* on_wal asked for a checkpoint (under mu) */
   const char *path;
   int sync_full;
+  int restart_frames; /* CKPT_RESTART_BYTES in this database's pages */
+  uint64_t deadline;  /* ckpt_busy: give up after this uv_hrtime() */
 } ckpt_t;
 
 typedef struct sqlite_db_s {
@@ -96,48 +124,95 @@ typedef struct sqlite_db_s {
   int cur_dynamic;        /* finalize cur at query_end */
   int reader;             /* the background reader: query_only, deferred BEGIN, no checkpointer */
   int wal_frames;         /* frames in the WAL after our last commit (on_wal) */
+  int woke_at;            /* wal_frames when on_wal last woke the checkpoint thread */
+  int step_frames;        /* CKPT_STEP_BYTES in this database's pages */
   int ckpt_frames;        /* WRITER_CHECKPOINT_BYTES in this database's pages */
+  uint64_t busy_since;    /* on_busy: when the current lock wait began */
   ckpt_t ckpt;
 } sqlite_db_t;
+
+static void ckpt_trace(uint64_t t0, int rc, int nckpt, int nlog, const char *mode)
+{
+  if (nckpt > 0 || rc == SQLITE_OK)
+    OSR_LOG_TRACE(
+        "store", "sqlite checkpoint at %" PRIu64 ": %d of %d WAL frames in %" PRIu64 " us (%s%s)",
+        t0 / 1000, nckpt, nlog, (uv_hrtime() - t0) / 1000, mode, rc == SQLITE_BUSY ? ", busy" : "");
+}
+
+/* The RESTART's lock waits: the write lock, free between two of the
+ * writer's transactions, then readers still on the WAL. Short polls, and
+ * CKPT_LOCK_WAIT_US for them all: holding the write lock while a reader
+ * finishes would stall the writer. */
+static int ckpt_busy(void *arg, int count)
+{
+  ckpt_t *c = arg;
+  (void)count;
+  if (uv_hrtime() >= c->deadline)
+    return 0;
+  usleep(CKPT_LOCK_POLL_US);
+  return 1;
+}
+
+/* One round of the thread: copy what is new, then, if the WAL is long, try
+ * to let it start over. Answers 0, or -1 when the connection should be
+ * reopened. */
+static int ckpt_round(ckpt_t *c, sqlite3 *h)
+{
+  int nlog = 0, nckpt = 0, rc;
+  uint64_t t0 = uv_hrtime();
+
+  rc = sqlite3_wal_checkpoint_v2(h, NULL, SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt);
+  if (rc != SQLITE_OK && rc != SQLITE_BUSY)
+    return -1;
+  ckpt_trace(t0, rc, nckpt, nlog, "passive");
+  if (rc != SQLITE_OK || nlog < c->restart_frames)
+    return 0;
+  t0 = uv_hrtime();
+  c->deadline = t0 + CKPT_LOCK_WAIT_US * 1000u;
+  rc = sqlite3_wal_checkpoint_v2(h, NULL, SQLITE_CHECKPOINT_RESTART, &nlog, &nckpt);
+  if (rc != SQLITE_OK && rc != SQLITE_BUSY)
+    return -1;
+  ckpt_trace(t0, rc, nckpt, nlog, "restart");
+  return 0;
+}
 
 static void ckpt_main(void *arg)
 {
   ckpt_t *c = arg;
   sqlite3 *h = NULL;
 
-  /* The lowest CPU priority for this thread only (Linux: a thread's nice
-   * value is its own). Checkpoints are background work, but at nice 0 on a
-   * busy CPU the scheduler gave the checkpointer whole time slices while the
-   * store worker and the loop thread waited: 73-78 % of the slowest 1 % of
-   * creates at concurrency 10 overlapped a checkpoint, against 5-6 % of all
-   * creates (bench/README.md "Create tail"). Failing leaves it at nice 0. */
+  /* A lower CPU priority for this thread only (Linux: a thread's nice value
+   * is its own). At nice 0 on a busy CPU the scheduler gave the whole-WAL
+   * checkpoints of old whole time slices while the store worker and the
+   * loop thread waited (bench/README.md "Create tail"); at nice 19 it fell
+   * behind (README "SQLite checkpoints off the commit path"). Failing
+   * leaves it at nice 0. */
   (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), CKPT_NICE);
 
   uv_mutex_lock(&c->mu);
   while (!c->stop) {
-    uv_cond_timedwait(&c->cv, &c->mu, (uint64_t)CKPT_TICK_MS * 1000000u);
+    if (!c->wake)
+      uv_cond_timedwait(&c->cv, &c->mu, (uint64_t)CKPT_TICK_MS * 1000000u);
+    c->wake = 0;
     if (c->stop)
       break;
     uv_mutex_unlock(&c->mu);
     if (h == NULL) {
-      if (sqlite3_open_v2(c->path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK ||
-          sqlite3_exec(h, c->sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
+      if (sqlite3_open_v2(c->path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
+              SQLITE_OK ||
+          sqlite3_busy_handler(h, ckpt_busy, c) != SQLITE_OK ||
+          sqlite3_exec(h,
+                       c->sync_full ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL",
                        NULL, NULL, NULL) != SQLITE_OK) {
         sqlite3_close_v2(h);
         h = NULL;
       }
     }
-    int nlog = 0, nckpt = 0;
-    uint64_t t0 = uv_hrtime();
-    if (h != NULL && sqlite3_wal_checkpoint_v2(h, NULL, SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt) != SQLITE_OK &&
-        sqlite3_errcode(h) != SQLITE_BUSY) {
-      /* Reopen next tick; a checkpoint missed now is done later. */
+    /* On an error: reopen next round; a checkpoint missed now is done later. */
+    if (h != NULL && ckpt_round(c, h) != 0) {
       sqlite3_close_v2(h);
       h = NULL;
     }
-    if (nckpt > 0)
-      OSR_LOG_TRACE("store", "sqlite checkpoint at %" PRIu64 ": %d of %d WAL frames in %" PRIu64
-                    " us", t0 / 1000, nckpt, nlog, (uv_hrtime() - t0) / 1000);
     uv_mutex_lock(&c->mu);
   }
   uv_mutex_unlock(&c->mu);
@@ -145,14 +220,16 @@ static void ckpt_main(void *arg)
     sqlite3_close_v2(h);
 }
 
-static void ckpt_start(sqlite_db_t *d, const osr__store_cfg_t *cfg)
+static void ckpt_start(sqlite_db_t *d, const osr__store_cfg_t *cfg, int page)
 {
   ckpt_t *c = &d->ckpt;
   if (c->running || strcmp(cfg->target, ":memory:") == 0)
     return;
   c->path = cfg->target;
   c->sync_full = cfg->sync_full;
+  c->restart_frames = CKPT_RESTART_BYTES / page;
   c->stop = 0;
+  c->wake = 0;
   if (uv_mutex_init(&c->mu) != 0)
     return;
   if (uv_cond_init(&c->cv) != 0) {
@@ -160,12 +237,23 @@ static void ckpt_start(sqlite_db_t *d, const osr__store_cfg_t *cfg)
     return;
   }
   if (uv_thread_create(&c->thread, ckpt_main, c) != 0) {
-    /* Without it the writer's own auto-checkpoint still bounds the WAL. */
+    /* Without it the writer's last-resort checkpoint still bounds the WAL. */
     uv_cond_destroy(&c->cv);
     uv_mutex_destroy(&c->mu);
     return;
   }
   c->running = 1;
+}
+
+/* From the writer's wal_hook: a short lock, no wait. */
+static void ckpt_wake(ckpt_t *c)
+{
+  if (!c->running)
+    return;
+  uv_mutex_lock(&c->mu);
+  c->wake = 1;
+  uv_cond_signal(&c->cv);
+  uv_mutex_unlock(&c->mu);
 }
 
 static void ckpt_stop(sqlite_db_t *d)
@@ -248,28 +336,29 @@ static osr__db_t *sq_db_new(osr_store_t *st)
   return (osr__db_t *)(void *)d;
 }
 
-/* The background reader (store.c "Background reads"): a second connection
- * to the file, which WAL lets read while the writer writes. Not for
- * :memory:, where a second connection would be another database. */
-/* The writer's own checkpoint, moved out of COMMIT. SQLite's auto-checkpoint
- * runs inside the commit that crosses its threshold, so every request of
- * that batch waited for it (22-35 ms at 64 MiB: the frames the checkpoint
- * thread had not copied yet and two fsyncs, a few times per 4 s at
- * concurrency 10). Instead this hook, which replaces the auto-checkpoint,
- * only notes the WAL's size, and sq_after_batch checkpoints once the batch's
- * answers are on their way: only requests queued meanwhile wait. Why not the
- * checkpoint thread: it runs at nice 19 and falls behind under load, and
- * letting the WAL start over needs a checkpoint that takes the write lock
- * (RESTART); a nice-19 thread holding the writer's lock on a busy CPU would
- * stall it far longer. */
+/* The writer's wal_hook, which replaces SQLite's auto-checkpoint (that one
+ * ran inside the COMMIT that crossed its threshold, so its whole batch
+ * waited): it notes the WAL's size and wakes the checkpoint thread every
+ * step_frames. */
 static int on_wal(void *arg, sqlite3 *h, const char *name, int nframes)
 {
+  sqlite_db_t *d = arg;
   (void)h;
   (void)name;
-  ((sqlite_db_t *)arg)->wal_frames = nframes;
+  d->wal_frames = nframes;
+  if (nframes < d->woke_at)
+    d->woke_at = 0; /* the WAL started over */
+  if (nframes - d->woke_at >= d->step_frames) {
+    d->woke_at = nframes;
+    ckpt_wake(&d->ckpt);
+  }
   return SQLITE_OK;
 }
 
+/* The last resort, after the batch's answers are on their way: the
+ * checkpoint thread let the WAL reach WRITER_CHECKPOINT_BYTES (starved of
+ * CPU, or failing). Run by the writer between its transactions, a PASSIVE
+ * checkpoint copies every frame, so the next write starts the WAL over. */
 static void sq_after_batch(osr__db_t *db)
 {
   sqlite_db_t *d = S(db);
@@ -279,16 +368,35 @@ static void sq_after_batch(osr__db_t *db)
   if (d->h == NULL || d->reader || d->ckpt_frames <= 0 || d->wal_frames < d->ckpt_frames)
     return;
   t0 = uv_hrtime();
-  /* PASSIVE, as the auto-checkpoint was: never waits for readers; the next
-   * write transaction starts the WAL over once every frame is copied. */
   rc = sqlite3_wal_checkpoint_v2(d->h, NULL, SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt);
   d->wal_frames = 0;
   /* SQLITE_BUSY: the checkpoint thread is at it; the next batch tries again. */
-  if (rc == SQLITE_OK)
-    OSR_LOG_TRACE("store", "sqlite checkpoint at %" PRIu64 ": %d of %d WAL frames in %" PRIu64
-                  " us (writer, after its batch)", t0 / 1000, nckpt, nlog, (uv_hrtime() - t0) / 1000);
+  if (rc == SQLITE_OK) {
+    OSR_LOG_WARN("store",
+                 "sqlite: the checkpoint thread fell behind (WAL of %d frames); the writer "
+                 "checkpointed %d of them itself in %" PRIu64 " us",
+                 nlog, nckpt, (uv_hrtime() - t0) / 1000);
+    ckpt_trace(t0, rc, nckpt, nlog, "writer, after its batch");
+  }
 }
 
+/* Lock waits (another process writing, the checkpoint thread's RESTART):
+ * short sleeps first, up to BUSY_TIMEOUT_MS in all. */
+static int on_busy(void *arg, int count)
+{
+  sqlite_db_t *d = arg;
+  uint64_t now = uv_hrtime();
+  if (count == 0)
+    d->busy_since = now;
+  if (now - d->busy_since >= (uint64_t)BUSY_TIMEOUT_MS * 1000000u)
+    return 0;
+  usleep(count < BUSY_FINE_TRIES ? BUSY_FINE_US : BUSY_COARSE_US);
+  return 1;
+}
+
+/* The background reader (store.c "Background reads"): a second connection
+ * to the file, which WAL lets read while the writer writes. Not for
+ * :memory:, where a second connection would be another database. */
 static int sq_has_reader(const osr_store_t *st)
 {
   return strcmp(osr__store_cfg(st)->target, ":memory:") != 0;
@@ -382,7 +490,7 @@ static int sq_connect(osr__db_t *db)
   if (is_new && chmod(cfg->target, 0600) != 0)
     OSR_LOG_WARN("store", "sqlite: chmod 0600 %s: %s", cfg->target, strerror(errno));
   sqlite3_extended_result_codes(d->h, 1);
-  sqlite3_busy_timeout(d->h, BUSY_TIMEOUT_MS);
+  sqlite3_busy_handler(d->h, on_busy, d);
   /* A page size of 1 KiB instead of 4 KiB for databases created from now
    * on (an existing file keeps its own: SQLite fixes it at creation). Every
    * commit appends each page it touched to the WAL, whole, and a create
@@ -430,9 +538,12 @@ static int sq_connect(osr__db_t *db)
     return OSR_EUNAVAILABLE;
   }
   if (!d->reader) {
-    ckpt_start(d, cfg);
-    d->ckpt_frames = WRITER_CHECKPOINT_BYTES / page_size(d);
+    int page = page_size(d);
+    ckpt_start(d, cfg, page);
+    d->ckpt_frames = WRITER_CHECKPOINT_BYTES / page;
+    d->step_frames = CKPT_STEP_BYTES / page;
     d->wal_frames = 0;
+    d->woke_at = 0;
     sqlite3_wal_hook(d->h, on_wal, d);
   }
   return 0;
