@@ -164,6 +164,27 @@ def analyse(creates, batches, ckpts, passes, skip_us):
     return "\n".join(out)
 
 
+def thread_times(pid):
+    """CPU time and run-queue wait of the gateway's threads by name
+    (/proc/PID/task/TID/schedstat, ns), e.g. osr-store, osr-ckpt."""
+    by = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                name = f.read().strip()
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                run, wait = (int(x) for x in f.read().split()[:2])
+        except OSError:
+            continue
+        if int(tid) == pid:
+            name = "loop"
+        r = by.setdefault(name, [0, 0])
+        r[0] += run
+        r[1] += wait
+    return "thread CPU ms (run-queue wait ms): " + ", ".join(
+        "%s %.0f (%.0f)" % (k, v[0] / 1e6, v[1] / 1e6) for k, v in sorted(by.items()))
+
+
 class WalSampler:
     """The WAL file's size every `every` s while the load runs."""
 
@@ -222,6 +243,7 @@ def main():
             print(wal.stop())
         print("client: %.0f creates/s p50 %d us p99 %d us (load average %.2f)" % (
             r["rps"], r["p50_us"], r["p99_us"], os.getloadavg()[0]))
+        print(thread_times(g.pid))
         g.stop()
         glog = os.path.join(g.dir, "gateway.log")
         if a.keep_log:

@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -165,13 +166,18 @@ static int ckpt_round(ckpt_t *c, sqlite3 *h)
   if (rc != SQLITE_OK && rc != SQLITE_BUSY)
     return -1;
   ckpt_trace(t0, rc, nckpt, nlog, "passive");
-  if (rc != SQLITE_OK || nlog < c->restart_frames)
+  /* A reader (the background reader's page of a reaper pass) on an older
+   * snapshot kept the copy short of the WAL's end: a RESTART would hold the
+   * write lock for nothing, waiting for it. */
+  if (rc != SQLITE_OK || nlog < c->restart_frames || nckpt < nlog)
     return 0;
   t0 = uv_hrtime();
   c->deadline = t0 + CKPT_LOCK_WAIT_US * 1000u;
   rc = sqlite3_wal_checkpoint_v2(h, NULL, SQLITE_CHECKPOINT_RESTART, &nlog, &nckpt);
   if (rc != SQLITE_OK && rc != SQLITE_BUSY)
     return -1;
+  /* BUSY: the write lock was not free, or a reader was still on the WAL;
+   * tried again after the next CKPT_STEP_BYTES. */
   ckpt_trace(t0, rc, nckpt, nlog, "restart");
   return 0;
 }
@@ -188,6 +194,7 @@ static void ckpt_main(void *arg)
    * behind (README "SQLite checkpoints off the commit path"). Failing
    * leaves it at nice 0. */
   (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), CKPT_NICE);
+  (void)pthread_setname_np(pthread_self(), "osr-ckpt");
 
   uv_mutex_lock(&c->mu);
   while (!c->stop) {

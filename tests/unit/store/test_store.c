@@ -1263,9 +1263,10 @@ static void test_sqlite_unusable_path(void **state)
  * thread's work: the writer checkpoints itself only at 128 MiB of WAL
  * (store_sqlite.c), so a WAL file that stays under WAL_BOUND while three
  * times that much was appended to it was started over by the thread's
- * RESTART checkpoints, at 32 MiB (on cec3f8b it grows to 64 MiB, the
- * writer's checkpoint there). Measured by file size, never by time: the
- * thread may lag, within the bound's slack. */
+ * RESTART checkpoints, due at 32 MiB; the slack up to WAL_BOUND is for a
+ * thread that lags (a loaded machine, ASan). Without the thread (or with
+ * its RESTART broken) the file reaches 128 MiB. Measured by file size, never
+ * by time. */
 static void on_create_ok(int status, const osr_binding_t *b, int created, void *data)
 {
   (void)b;
@@ -1284,8 +1285,8 @@ static off_t wal_size(void)
 
 static void test_sqlite_wal_bounded(void **state)
 {
-  enum { INFLIGHT = 16, PROBE = 1600, MAX_CREATES = 400000 };
-  const off_t WAL_BOUND = 56 * 1024 * 1024, APPEND = 3 * WAL_BOUND;
+  enum { INFLIGHT = 16, PROBE = 1600, MAX_CREATES = 600000 };
+  const off_t WAL_BOUND = 96 * 1024 * 1024, APPEND = 3 * WAL_BOUND;
   ctx_t c;
   osr_binding_t b;
   char tenant[64];
