@@ -252,13 +252,14 @@ static void ckpt_start(sqlite_db_t *d, const osr__store_cfg_t *cfg, int page)
   c->running = 1;
 }
 
-/* From the writer's wal_hook: a short lock, no wait. */
-static void ckpt_wake(ckpt_t *c)
+/* Set one of the thread's flags (wake, stop) and wake it: a short lock, no
+ * wait (the writer's wal_hook calls it). */
+static void ckpt_tell(ckpt_t *c, int *flag)
 {
   if (!c->running)
     return;
   uv_mutex_lock(&c->mu);
-  c->wake = 1;
+  *flag = 1;
   uv_cond_signal(&c->cv);
   uv_mutex_unlock(&c->mu);
 }
@@ -268,10 +269,7 @@ static void ckpt_stop(sqlite_db_t *d)
   ckpt_t *c = &d->ckpt;
   if (!c->running)
     return;
-  uv_mutex_lock(&c->mu);
-  c->stop = 1;
-  uv_cond_signal(&c->cv);
-  uv_mutex_unlock(&c->mu);
+  ckpt_tell(c, &c->stop);
   uv_thread_join(&c->thread);
   uv_cond_destroy(&c->cv);
   uv_mutex_destroy(&c->mu);
@@ -357,7 +355,7 @@ static int on_wal(void *arg, sqlite3 *h, const char *name, int nframes)
     d->woke_at = 0; /* the WAL started over */
   if (nframes - d->woke_at >= d->step_frames) {
     d->woke_at = nframes;
-    ckpt_wake(&d->ckpt);
+    ckpt_tell(&d->ckpt, &d->ckpt.wake);
   }
   return SQLITE_OK;
 }
