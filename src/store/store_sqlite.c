@@ -78,15 +78,18 @@
 #define CKPT_LOCK_WAIT_US  1000
 #define CKPT_LOCK_POLL_US  50
 /* Below the loop thread and the store worker, but not so low that a busy
- * CPU starves it (at nice 19 it fell behind by minutes of WAL). */
+ * CPU starves it: at nice 19 the WAL reached the writer's 128 MiB under
+ * load, and a RESTART it had begun held the write lock for 310 ms while it
+ * waited for the CPU; nice 10, 37-45 ms. */
 #define CKPT_NICE               5
 #define SLOTS_MAX 32
 #define CONNECT_RETRY_MS 20
 #define WRITER_CHECKPOINT_BYTES (128 * 1024 * 1024)
 #define JOURNAL_SIZE_LIMIT      (64 * 1024 * 1024)
 /* on_busy: how long a lock wait sleeps at a time, first finely (the
- * checkpoint thread's RESTART holds the write lock for about a millisecond;
- * SQLite's own busy_timeout would sleep 1, 2, 5, 10 ms...), then coarsely. */
+ * checkpoint thread's RESTART holds the write lock for two fsyncs, a few
+ * ms; SQLite's own busy_timeout would sleep 1, 2, 5, 10 ms... and oversleep
+ * its end), then coarsely. */
 #define BUSY_FINE_US    100
 #define BUSY_FINE_TRIES 50
 #define BUSY_COARSE_US  2000
