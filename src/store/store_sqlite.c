@@ -53,22 +53,29 @@
  * PASSIVE alone never lets the WAL start over under sustained load: SQLite
  * rewinds it only when a write transaction begins with every frame already
  * copied, and commits arrive while each copy runs. So once the WAL holds
- * CKPT_RESTART_BYTES, right after a PASSIVE copy the thread tries a RESTART
- * checkpoint, polling for the write lock (free between two of the writer's
- * transactions) for at most CKPT_LOCK_WAIT_US (ckpt_busy). Without the lock
- * SQLite does a PASSIVE copy and answers BUSY, and the next wake-up tries
- * again; with it, it copies the few frames committed since the PASSIVE one,
- * fsyncs the WAL and the database, and the next commit writes from the
- * WAL's start. The writer waits for that hold (about two fsyncs) in on_busy,
- * not for a whole copy. It is still a stall, which is why it happens only
- * every CKPT_RESTART_BYTES of WAL: at 8 MiB it was 16 stalls of ~4 ms per
- * 20,000 creates and most of their slowest 1 %, at 32 MiB four (bench/README
- * "SQLite checkpoints off the commit path").
+ * CKPT_RESTART_BYTES and a PASSIVE copy of the thread reached the WAL's end
+ * (no reader on an older snapshot held it back), the thread sets
+ * restart_due, and the writer, after its next batch is answered
+ * (sq_after_batch), copies the few frames committed since with a PASSIVE
+ * checkpoint of its own: between two of its transactions nothing new
+ * arrives, so that copy reaches the end and its next transaction writes
+ * from the WAL's start. That is a stall of the store queue for the copy and
+ * its two fsyncs (WAL, database), every CKPT_RESTART_BYTES of WAL.
  *
- * The writer checkpoints itself (after its batch is answered, sq_after_batch)
- * only as a last resort, when the WAL reaches WRITER_CHECKPOINT_BYTES, four
- * times the normal size: the thread is starved or failing, and it logs a
- * warning. That bounds the WAL however long the thread lags, and
+ * It used to be a RESTART checkpoint on the thread, which holds the write
+ * lock through the same copy and fsyncs: at 8 MiB it was 16 stalls of ~4 ms
+ * per 20,000 creates and most of their slowest 1 %, at 32 MiB four (bench/
+ * README "SQLite checkpoints off the commit path"). On a loaded CPU those
+ * holds took 23-30 ms: the thread runs at CKPT_NICE and waited for the CPU
+ * with the write lock held while the writer waited for it (bench/README
+ * "SQLite restart on the writer"). The writer runs at the loop's priority,
+ * and a PASSIVE checkpoint waits for no lock (it answers BUSY instead, and
+ * the thread asks again after its next copy).
+ *
+ * The writer also checkpoints itself as a last resort, when the WAL reaches
+ * WRITER_CHECKPOINT_BYTES, four times the normal size: the thread is
+ * starved or failing, and it logs a warning. That bounds the WAL however
+ * long the thread lags, and
  * journal_size_limit truncates a WAL file that outgrew the normal size once
  * it starts over (not below it: a WAL file that keeps its size is
  * overwritten in place, cheaper to fsync than one that grows). */
@@ -86,10 +93,10 @@
 #define CONNECT_RETRY_MS 20
 #define WRITER_CHECKPOINT_BYTES (128 * 1024 * 1024)
 #define JOURNAL_SIZE_LIMIT      (64 * 1024 * 1024)
-/* on_busy: how long a lock wait sleeps at a time, first finely (the
- * checkpoint thread's RESTART holds the write lock for two fsyncs, a few
- * ms; SQLite's own busy_timeout would sleep 1, 2, 5, 10 ms... and oversleep
- * its end), then coarsely. */
+/* on_busy: how long a lock wait sleeps at a time, first finely (another
+ * process's commit holds the write lock for a few ms; SQLite's own
+ * busy_timeout would sleep 1, 2, 5, 10 ms... and oversleep its end), then
+ * coarsely. */
 #define BUSY_FINE_US    100
 #define BUSY_FINE_TRIES 50
 #define BUSY_COARSE_US  2000
@@ -111,6 +118,7 @@ typedef struct ckpt_s {
   int sync_full;
   int restart_frames; /* CKPT_RESTART_BYTES in this database's pages */
   uint64_t deadline;  /* ckpt_busy: give up after this uv_hrtime() */
+  atomic_int restart_due; /* set by the thread, taken by the writer (sq_after_batch) */
 } ckpt_t;
 
 typedef struct sqlite_db_s {
@@ -143,10 +151,9 @@ static void ckpt_trace(uint64_t t0, int rc, int nckpt, int nlog, const char *mod
         t0 / 1000, nckpt, nlog, (uv_hrtime() - t0) / 1000, mode, rc == SQLITE_BUSY ? ", busy" : "");
 }
 
-/* The RESTART's lock waits: the write lock, free between two of the
- * writer's transactions, then readers still on the WAL. Short polls, and
- * CKPT_LOCK_WAIT_US for them all: holding the write lock while a reader
- * finishes would stall the writer. */
+/* The thread's lock waits (opening the file, reading the schema): short
+ * polls, CKPT_LOCK_WAIT_US in all per round; a PASSIVE checkpoint itself
+ * never waits. */
 static int ckpt_busy(void *arg, int count)
 {
   ckpt_t *c = arg;
@@ -157,31 +164,24 @@ static int ckpt_busy(void *arg, int count)
   return 1;
 }
 
-/* One round of the thread: copy what is new, then, if the WAL is long, try
- * to let it start over. Answers 0, or -1 when the connection should be
- * reopened. */
+/* One round of the thread: copy what is new, then, if the WAL is long and
+ * the copy reached its end, ask the writer to let it start over. Answers 0,
+ * or -1 when the connection should be reopened. */
 static int ckpt_round(ckpt_t *c, sqlite3 *h)
 {
   int nlog = 0, nckpt = 0, rc;
   uint64_t t0 = uv_hrtime();
 
+  c->deadline = t0 + CKPT_LOCK_WAIT_US * 1000u;
   rc = sqlite3_wal_checkpoint_v2(h, NULL, SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt);
   if (rc != SQLITE_OK && rc != SQLITE_BUSY)
     return -1;
   ckpt_trace(t0, rc, nckpt, nlog, "passive");
   /* A reader (the background reader's page of a reaper pass) on an older
-   * snapshot kept the copy short of the WAL's end: a RESTART would hold the
-   * write lock for nothing, waiting for it. */
-  if (rc != SQLITE_OK || nlog < c->restart_frames || nckpt < nlog)
-    return 0;
-  t0 = uv_hrtime();
-  c->deadline = t0 + CKPT_LOCK_WAIT_US * 1000u;
-  rc = sqlite3_wal_checkpoint_v2(h, NULL, SQLITE_CHECKPOINT_RESTART, &nlog, &nckpt);
-  if (rc != SQLITE_OK && rc != SQLITE_BUSY)
-    return -1;
-  /* BUSY: the write lock was not free, or a reader was still on the WAL;
-   * tried again after the next CKPT_STEP_BYTES. */
-  ckpt_trace(t0, rc, nckpt, nlog, "restart");
+   * snapshot kept the copy short of the WAL's end: the writer's copy would
+   * stop there too, and the WAL could not start over. */
+  if (rc == SQLITE_OK && nlog >= c->restart_frames && nckpt == nlog)
+    atomic_store_explicit(&c->restart_due, 1, memory_order_relaxed);
   return 0;
 }
 
@@ -240,6 +240,7 @@ static void ckpt_start(sqlite_db_t *d, const osr__store_cfg_t *cfg, int page)
   c->restart_frames = CKPT_RESTART_BYTES / page;
   c->stop = 0;
   c->wake = 0;
+  atomic_store(&c->restart_due, 0);
   if (uv_mutex_init(&c->mu) != 0)
     return;
   if (uv_cond_init(&c->cv) != 0) {
@@ -363,22 +364,37 @@ static int on_wal(void *arg, sqlite3 *h, const char *name, int nframes)
   return SQLITE_OK;
 }
 
-/* The last resort, after the batch's answers are on their way: the
- * checkpoint thread let the WAL reach WRITER_CHECKPOINT_BYTES (starved of
- * CPU, or failing). Run by the writer between its transactions, a PASSIVE
- * checkpoint copies every frame, so the next write starts the WAL over. */
+/* After the batch's answers are on their way: the writer's own PASSIVE
+ * checkpoint, which, run between its transactions, copies every frame, so
+ * its next write starts the WAL over. Either the checkpoint thread asked
+ * for it (restart_due: it copied all but the last few frames of a long
+ * WAL), or, the last resort, the thread let the WAL reach
+ * WRITER_CHECKPOINT_BYTES (starved of CPU, or failing). */
 static void sq_after_batch(osr__db_t *db)
 {
   sqlite_db_t *d = S(db);
-  int nlog = 0, nckpt = 0, rc;
+  int nlog = 0, nckpt = 0, rc, due;
   uint64_t t0;
 
-  if (d->h == NULL || d->reader || d->ckpt_frames <= 0 || d->wal_frames < d->ckpt_frames)
+  if (d->h == NULL || d->reader || d->ckpt_frames <= 0)
+    return;
+  due = atomic_load_explicit(&d->ckpt.restart_due, memory_order_relaxed) &&
+        atomic_exchange_explicit(&d->ckpt.restart_due, 0, memory_order_relaxed);
+  /* A request from before the WAL last started over (the thread's timer
+   * copied the same long WAL again meanwhile): nothing to do. */
+  due = due && d->wal_frames >= d->ckpt.restart_frames;
+  if (!due && d->wal_frames < d->ckpt_frames)
     return;
   t0 = uv_hrtime();
   rc = sqlite3_wal_checkpoint_v2(d->h, NULL, SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt);
+  /* SQLITE_BUSY: the checkpoint thread is copying; it asks again after
+   * that copy, and the last resort is tried again after the next batch. */
+  if (due) {
+    ckpt_trace(t0, rc, nckpt, nlog, "writer, restart");
+    if (d->wal_frames < d->ckpt_frames)
+      return;
+  }
   d->wal_frames = 0;
-  /* SQLITE_BUSY: the checkpoint thread is at it; the next batch tries again. */
   if (rc == SQLITE_OK) {
     OSR_LOG_WARN("store",
                  "sqlite: the checkpoint thread fell behind (WAL of %d frames); the writer "
@@ -388,7 +404,7 @@ static void sq_after_batch(osr__db_t *db)
   }
 }
 
-/* Lock waits (another process writing, the checkpoint thread's RESTART):
+/* Lock waits (another process writing):
  * short sleeps first, up to BUSY_TIMEOUT_MS in all. */
 static int on_busy(void *arg, int count)
 {

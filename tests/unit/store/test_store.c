@@ -1260,13 +1260,14 @@ static void test_sqlite_unusable_path(void **state)
 }
 
 /* A long sustained write load keeps the WAL bounded, by the checkpoint
- * thread's work: the writer checkpoints itself only at 128 MiB of WAL
- * (store_sqlite.c), so a WAL file that stays under WAL_BOUND while three
- * times that much was appended to it was started over by the thread's
- * RESTART checkpoints, due at 32 MiB; the slack up to WAL_BOUND is for a
+ * thread's work: the writer's last-resort checkpoint comes only at 128 MiB
+ * of WAL (store_sqlite.c), so a WAL file that stays under WAL_BOUND while
+ * three times that much was appended to it was started over at 32 MiB,
+ * when the thread's copy reached the WAL's end and asked the writer for
+ * the last few frames (restart_due); the slack up to WAL_BOUND is for a
  * thread that lags (a loaded machine, ASan). Without the thread (or with
- * its RESTART broken) the file reaches 128 MiB. Measured by file size, never
- * by time. */
+ * that request broken) the file reaches 128 MiB. Measured by file size,
+ * never by time. */
 static void on_create_ok(int status, const osr_binding_t *b, int created, void *data)
 {
   (void)b;
