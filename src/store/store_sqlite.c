@@ -66,7 +66,7 @@
  * lock through the same copy and fsyncs: at 8 MiB it was 16 stalls of ~4 ms
  * per 20,000 creates and most of their slowest 1 %, at 32 MiB four (bench/
  * README "SQLite checkpoints off the commit path"). On a loaded CPU those
- * holds took 23-30 ms: the thread runs at CKPT_NICE and waited for the CPU
+ * holds took 23-35 ms: the thread runs at CKPT_NICE and waited for the CPU
  * with the write lock held while the writer waited for it (bench/README
  * "SQLite restart on the writer"). The writer runs at the loop's priority,
  * and a PASSIVE checkpoint waits for no lock (it answers BUSY instead, and
