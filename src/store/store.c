@@ -1337,11 +1337,14 @@ static size_t rows_run(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
 }
 
 /* Run a *_ROWS statement whose RETURNING gives the id of every row it
- * wrote; mark those requests in `hit` (ids are distinct: rows_run). */
+ * wrote; mark those requests in `hit` (ids are distinct: rows_run). With
+ * `at_commit` not NULL the backend's query_commit runs it and commits the
+ * transaction (and says in *at_commit whether COMMIT was sent). */
 static int rows_returning(const osr__db_vtbl_t *be, osr__db_t *db, int stmt, rows_t *t,
-                          osr__req_t **reqs, size_t n, unsigned char *hit)
+                          osr__req_t **reqs, size_t n, unsigned char *hit, int *at_commit)
 {
-  int rv = be->query(db, stmt, NULL, rows_args(t), t->ncols);
+  int rv = at_commit != NULL ? be->query_commit(db, stmt, rows_args(t), t->ncols, at_commit)
+                             : be->query(db, stmt, NULL, rows_args(t), t->ncols);
   size_t i;
 
   memset(hit, 0, n);
@@ -1387,7 +1390,7 @@ static int op_create_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **
   size_t i;
   int rv;
 
-  rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit);
+  rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit, NULL);
   osr_free(t);
   for (i = 0; rv == 0 && i < n; i++)
     rv = hit[i] ? create_written(be, db, reqs[i]) : create_not_written(be, db, reqs[i]);
@@ -1402,7 +1405,7 @@ static int op_update_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **
   size_t i;
   int rv;
 
-  rv = rows_returning(be, db, OSR__ST_B_UPDATE_ROWS, t, reqs, n, hit);
+  rv = rows_returning(be, db, OSR__ST_B_UPDATE_ROWS, t, reqs, n, hit, NULL);
   if (rv != 0) {
     osr_free(t);
     return rv;
@@ -1427,6 +1430,63 @@ static int op_update_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **
   }
   osr_free(t);
   return rv;
+}
+
+/* 1 if the batch is creates only, none with metadata rows, ids distinct:
+ * then its one multi-row INSERT is the whole transaction and can travel
+ * with its COMMIT (create_rows_commit). */
+static int is_insert_only(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
+{
+  size_t i;
+
+  if (be->query_commit == NULL || !be->array_params || n > OSR__STORE_ROWS_MAX)
+    return 0;
+  for (i = 0; i < n; i++)
+    if (reqs[i]->op != OP_CREATE || reqs[i]->u.bind.nmeta > 0 || id_seen(reqs, i))
+      return 0;
+  return 1;
+}
+
+/* The batch's INSERT and COMMIT in one round trip (the intent step of a
+ * create: one instead of two). The intent rows are durable when this
+ * returns 0, as with a separate COMMIT. A request whose row was not
+ * written (its key's row exists) reads that row after the commit, on its
+ * own: READ COMMITTED sees the winner, committed by another transaction or
+ * by this one. Such a read failing fails that request alone, since the
+ * others' rows are committed. */
+static int create_rows_commit(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n,
+                              int *at_commit)
+{
+  const osr__db_vtbl_t *be = st->be;
+  rows_t *t = rows_of(reqs, n, CREATE_NARGS, create_req_args);
+  unsigned char hit[OSR__STORE_ROWS_MAX];
+  size_t i;
+  int rv;
+
+  if (n > 1) {
+    atomic_fetch_add(&st->n_rowstmt, 1);
+    atomic_fetch_add(&st->n_rows, n);
+  }
+  rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit, at_commit);
+  osr_free(t);
+  if (rv != 0) {
+    if (rv != OSR_EUNAVAILABLE)
+      be->exec(db, OSR__ST_ROLLBACK, NULL, NULL, 0, NULL);
+    return rv;
+  }
+  for (i = 0; i < n; i++) {
+    if (hit[i]) {
+      reqs[i]->u.bind.created = 1;
+      reqs[i]->status = 0;
+      continue;
+    }
+    rv = be->db_is_connected(db) ? create_not_written(be, db, reqs[i]) : OSR_EUNAVAILABLE;
+    if (rv != 0) {
+      req_reset_out(reqs[i]);
+      reqs[i]->status = rv == OSR_EINVAL ? OSR_EINVAL : OSR_EUNAVAILABLE;
+    }
+  }
+  return 0;
 }
 
 /* ---- the worker side: migrations ------------------------------------------------------- */
@@ -1580,6 +1640,8 @@ static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, i
   if (rv != 0)
     return rv;
   atomic_fetch_add(&st->n_tx, 1);
+  if (is_insert_only(be, reqs, n))
+    return create_rows_commit(st, db, reqs, n, at_commit);
   for (i = 0; i < n; i += k) {
     k = rows_run(be, reqs + i, n - i);
     if (k > 1) {

@@ -156,6 +156,15 @@ typedef struct osr__db_vtbl_s {
   /** Like exec, then rows are read with row_next/col_* until row_next
    *  returns 0 (end) or < 0 (error code as above); query_end always after. */
   int (*query)(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs);
+  /** Optional (NULL: not offered). Like query on cached statement `stmt`,
+   *  then COMMIT of the open transaction, in one round trip. On 0 the
+   *  transaction is committed and the statement's rows are read as after
+   *  query (query_end always after). *sent says whether COMMIT went out.
+   *  On an error the rows are gone: with OSR_EUNAVAILABLE and *sent the
+   *  commit's outcome is unknown (without *sent nothing was committed);
+   *  with any other code nothing was committed and the caller sends
+   *  ROLLBACK, as after a failed exec(COMMIT). */
+  int (*query_commit)(osr__db_t *db, int stmt, const osr__sql_arg_t *args, int nargs, int *sent);
   int (*row_next)(osr__db_t *db);
   /** Text of column `col` of the current row; NULL for SQL NULL. */
   const char *(*col_text)(osr__db_t *db, int col);

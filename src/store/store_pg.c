@@ -387,15 +387,18 @@ static int pipe_enter(pg_db_t *d)
 }
 
 /* Sync and read every result sent since pipe_enter, in order, then leave
- * pipeline mode. The last result is handed to the caller in *last (which
- * then owns it) when `last` is not NULL, else checked like the others. The
- * first failure is what counts: results after it are PGRES_PIPELINE_ABORTED
- * (the server skipped them). A result missing where one must be means the
- * connection is gone. */
-static int pipe_collect(pg_db_t *d, PGresult **last)
+ * pipeline mode. The result in slot `keep` (0-based since pipe_enter; -1:
+ * the last one) is handed to the caller in *last (which then owns it) when
+ * `last` is not NULL and every result is a success; all others are only
+ * checked. The first failure is what counts: results after it are
+ * PGRES_PIPELINE_ABORTED (the server skipped them). A result missing where
+ * one must be means the connection is gone. */
+static int pipe_collect(pg_db_t *d, int keep, PGresult **last)
 {
   int err = 0, i, n = d->pending;
 
+  if (keep < 0)
+    keep = n - 1;
   if (last != NULL)
     *last = NULL;
   if (PQpipelineSync(d->c) != 1) {
@@ -412,7 +415,7 @@ static int pipe_collect(pg_db_t *d, PGresult **last)
     ExecStatusType st = PQresultStatus(res);
     if (d->slot_prep[i] >= 0 && st != PGRES_COMMAND_OK)
       d->prepared[d->slot_prep[i]] = 0; /* failed or skipped: not there */
-    if (i == n - 1 && last != NULL && err == 0 && st != PGRES_PIPELINE_ABORTED) {
+    if (i == keep && last != NULL && err == 0 && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)) {
       *last = res;
     } else {
       if (err == 0 && st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
@@ -447,7 +450,7 @@ static int pipe_send(pg_db_t *d, int stmt, const char *sql, int nargs, const cha
   int rv = 0;
 
   if (d->pipe && d->pending + 2 > PIPE_MAX)
-    rv = pipe_collect(d, NULL);
+    rv = pipe_collect(d, -1, NULL);
   if (rv == 0)
     rv = pipe_enter(d);
   if (rv != 0)
@@ -532,7 +535,7 @@ static char *array_text(const osr__sql_arg_t *a)
 static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs,
                      int defer, int *err)
 {
-  const char *vals[MAX_ARGS];
+  const char *vals[MAX_ARGS] = {NULL}; /* gcc -O3 warns otherwise (inlined, nargs unknown) */
   char nums[MAX_ARGS][24];
   char *arrays[MAX_ARGS];
   PGresult *res = NULL;
@@ -570,7 +573,7 @@ static PGresult *run(pg_db_t *d, int stmt, const char *sql, const osr__sql_arg_t
       osr_free(arrays[i]);
     narrays = 0;
     if (*err == 0 && !defer)
-      *err = pipe_collect(d, &res);
+      *err = pipe_collect(d, -1, &res);
     if (*err == OSR_EUNAVAILABLE)
       pg_disconnect((osr__db_t *)(void *)d);
   }
@@ -621,6 +624,62 @@ static int pg_query(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg
     PQclear(res);
     return err;
   }
+  d->res = res;
+  return 0;
+}
+
+/* The statement, then COMMIT, in one flush and one Sync: one round trip
+ * where query and exec(COMMIT) take two. The statement's rows are read
+ * after COMMIT's result; if the statement failed, the server skipped the
+ * COMMIT (pipeline aborted), so nothing was committed and the error is the
+ * statement's own, exactly as when the two are sent apart. */
+static int pg_query_commit(osr__db_t *db, int stmt, const osr__sql_arg_t *args, int nargs,
+                           int *sent)
+{
+  pg_db_t *d = P(db);
+  PGresult *res = NULL;
+  int err = 0, keep;
+
+  *sent = 0;
+  d->res = NULL;
+  d->row = -1;
+  /* A connection the server closed while we were idle (a restart) says so
+   * before we send: its FATAL message (which libpq takes as a notice) and
+   * then the end of the stream are waiting to be read. Find that out now,
+   * while nothing can have been committed and the store core may replay the
+   * batch on a new connection (with the COMMIT sent, a lost connection
+   * leaves the outcome unknown). Reading stops when nothing more is
+   * waiting, so a healthy connection costs one poll (or a few, while the
+   * answers to earlier statements arrive). */
+  for (int i = 0; d->c != NULL && i < 4; i++) {
+    struct pollfd pfd = {.fd = PQsocket(d->c), .events = POLLIN, .revents = 0};
+    if (poll(&pfd, 1, 0) <= 0)
+      break;
+    if (PQconsumeInput(d->c) != 1 || PQstatus(d->c) == CONNECTION_BAD) {
+      pg_disconnect(db);
+      return OSR_EUNAVAILABLE;
+    }
+  }
+  /* Room for Parse, Execute and COMMIT without an early collect (which
+   * would read and drop the statement's result). */
+  if (d->c != NULL && d->pipe && d->pending + 3 > PIPE_MAX)
+    err = pipe_collect(d, -1, NULL);
+  if (err == 0)
+    run(d, stmt, NULL, args, nargs, 1, &err);
+  if (err != 0) {
+    if (err == OSR_EUNAVAILABLE)
+      pg_disconnect(db);
+    return err;
+  }
+  keep = d->pending - 1;
+  *sent = 1;
+  err = pipe_send(d, OSR__ST_COMMIT, NULL, 0, NULL);
+  if (err == 0)
+    err = pipe_collect(d, keep, &res);
+  if (err == OSR_EUNAVAILABLE)
+    pg_disconnect(db);
+  if (err != 0)
+    return err;
   d->res = res;
   return 0;
 }
@@ -682,6 +741,7 @@ const osr__db_vtbl_t osr__store_pg = {
   .db_disconnect = pg_disconnect,
   .exec = pg_exec,
   .query = pg_query,
+  .query_commit = pg_query_commit,
   .row_next = pg_row_next,
   .col_text = pg_col_text,
   .col_int = pg_col_int,

@@ -1425,6 +1425,42 @@ static void test_pg_outage(void **state)
   ctx_close(&c);
 }
 
+/* A create on a connection the server closed while it was idle (restart)
+ * is replayed on a new connection, not failed: the create's INSERT and
+ * COMMIT leave in one flush (store_pg.c pg_query_commit), and once COMMIT
+ * is sent a lost connection leaves the outcome unknown, so the dead
+ * connection must be noticed before that. One connection, so the create
+ * meets the dead one. */
+static void test_pg_restart_idle(void **state)
+{
+  ctx_t c;
+  osr_binding_t b;
+  res_t r;
+  char tenant[40], url[sizeof(g_url) + 16];
+  (void)state;
+
+  if (!g_pg || ctl_wfd < 0)
+    skip();
+  snprintf(url, sizeof(url), "%s%s", g_url, strchr(g_url, '?') ? "&pool=1" : "?pool=1");
+  uniq(tenant, sizeof(tenant), "t-idle-");
+  assert_int_equal(ctx_open_url(&c, url), 0);
+  mk_binding(&b, tenant, NULL, 1700000000000);
+  sync_create(&c, &b, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+  pg_ctl("stop");
+  pg_ctl("start");
+  mk_binding(&b, tenant, "after-idle-restart", 1700000000000);
+  sync_create(&c, &b, &r);
+  assert_int_equal(r.status, 0);
+  assert_int_equal(r.created, 1);
+  res_free(&r);
+  sync_get(&c, tenant, b.id, &r);
+  assert_int_equal(r.status, 0);
+  res_free(&r);
+  ctx_close(&c);
+}
+
 static void test_pg_outage_at_open(void **state)
 {
   ctx_t c;
@@ -2133,6 +2169,7 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_pg_bad_request_in_batch),
     cmocka_unit_test(test_pg_outage),
     cmocka_unit_test(test_pg_outage_at_open),
+    cmocka_unit_test(test_pg_restart_idle),
   };
 
   g_self = argv[0];
