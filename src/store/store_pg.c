@@ -27,8 +27,10 @@
  * the next statement that needs an answer (or COMMIT) sends itself after
  * them, then one Sync collects every result in order. So a create's update
  * step (BEGIN, UPDATE, audit INSERT, COMMIT) costs two round trips instead
- * of four, and its intent step (BEGIN, INSERT, COMMIT) two instead of
- * three. An error in a deferred statement surfaces at that collection; the
+ * of four. A transaction that is one statement whose rows are read only
+ * after it commits (a batch of creates: BEGIN, INSERT ... RETURNING,
+ * COMMIT) goes in one flush and costs one round trip (pg_query_commit).
+ * An error in a deferred statement surfaces at that collection; the
  * server has then skipped everything after it up to the Sync (COMMIT
  * included), so nothing was committed and the store core's per-request
  * retry isolates the bad request as before.
