@@ -640,7 +640,7 @@ static int pg_query_commit(osr__db_t *db, int stmt, const osr__sql_arg_t *args, 
 {
   pg_db_t *d = P(db);
   PGresult *res = NULL;
-  int err = 0, keep;
+  int err = 0, keep, i;
 
   *sent = 0;
   d->res = NULL;
@@ -653,7 +653,7 @@ static int pg_query_commit(osr__db_t *db, int stmt, const osr__sql_arg_t *args, 
    * leaves the outcome unknown). Reading stops when nothing more is
    * waiting, so a healthy connection costs one poll (or a few, while the
    * answers to earlier statements arrive). */
-  for (int i = 0; d->c != NULL && i < 4; i++) {
+  for (i = 0; d->c != NULL && i < 4; i++) {
     struct pollfd pfd = {.fd = PQsocket(d->c), .events = POLLIN, .revents = 0};
     if (poll(&pfd, 1, 0) <= 0)
       break;
