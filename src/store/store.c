@@ -1432,17 +1432,27 @@ static int op_update_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **
   return rv;
 }
 
-/* 1 if the batch is creates only, none with metadata rows, ids distinct:
- * then its one multi-row INSERT is the whole transaction and can travel
- * with its COMMIT (create_rows_commit). */
+/* The store counters of a multi-row statement of k rows (k > 1). */
+static void count_rows_stmt(osr_store_t *st, size_t k)
+{
+  if (k > 1) {
+    atomic_fetch_add(&st->n_rowstmt, 1);
+    atomic_fetch_add(&st->n_rows, k);
+  }
+}
+
+/* 1 if the whole batch is one run of creates (rows_run) none of which has
+ * metadata rows: then its one multi-row INSERT is the whole transaction and
+ * can travel with its COMMIT (create_rows_commit). */
 static int is_insert_only(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
 {
   size_t i;
 
-  if (be->query_commit == NULL || !be->array_params || n > OSR__STORE_ROWS_MAX)
+  if (be->query_commit == NULL || !be->array_params || n == 0 || reqs[0]->op != OP_CREATE ||
+      rows_run(be, reqs, n) != n)
     return 0;
   for (i = 0; i < n; i++)
-    if (reqs[i]->op != OP_CREATE || reqs[i]->u.bind.nmeta > 0 || id_seen(reqs, i))
+    if (reqs[i]->u.bind.nmeta > 0)
       return 0;
   return 1;
 }
@@ -1463,10 +1473,7 @@ static int create_rows_commit(osr_store_t *st, osr__db_t *db, osr__req_t **reqs,
   size_t i;
   int rv;
 
-  if (n > 1) {
-    atomic_fetch_add(&st->n_rowstmt, 1);
-    atomic_fetch_add(&st->n_rows, n);
-  }
+  count_rows_stmt(st, n);
   rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit, at_commit);
   osr_free(t);
   if (rv != 0) {
@@ -1475,12 +1482,10 @@ static int create_rows_commit(osr_store_t *st, osr__db_t *db, osr__req_t **reqs,
     return rv;
   }
   for (i = 0; i < n; i++) {
-    if (hit[i]) {
-      reqs[i]->u.bind.created = 1;
-      reqs[i]->status = 0;
-      continue;
-    }
-    rv = be->db_is_connected(db) ? create_not_written(be, db, reqs[i]) : OSR_EUNAVAILABLE;
+    if (hit[i])
+      rv = create_written(be, db, reqs[i]); /* no metadata rows: nothing to run */
+    else
+      rv = be->db_is_connected(db) ? create_not_written(be, db, reqs[i]) : OSR_EUNAVAILABLE;
     if (rv != 0) {
       req_reset_out(reqs[i]);
       reqs[i]->status = rv == OSR_EINVAL ? OSR_EINVAL : OSR_EUNAVAILABLE;
@@ -1644,10 +1649,7 @@ static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, i
     return create_rows_commit(st, db, reqs, n, at_commit);
   for (i = 0; i < n; i += k) {
     k = rows_run(be, reqs + i, n - i);
-    if (k > 1) {
-      atomic_fetch_add(&st->n_rowstmt, 1);
-      atomic_fetch_add(&st->n_rows, k);
-    }
+    count_rows_stmt(st, k);
     if (k == 1)
       rv = run_op(be, db, reqs[i]);
     else if (reqs[i]->op == OP_CREATE)
