@@ -60,6 +60,84 @@ static char *head_base(osr_h1p_t *p)
   return p->head.base != NULL ? osr_buf_data(&p->head) : empty;
 }
 
+/* ---- field names, eight bytes at a time ----------------------------------
+ * Every name byte is checked (a token character) and lower-cased on its way
+ * into the head. Names are almost always letters, digits and '-', so a word
+ * of eight such bytes is checked and lower-cased at once (SWAR on a
+ * uint64_t, byte lanes that never carry into each other), and a word with
+ * any other byte goes through the TCHAR table byte by byte. Both paths
+ * accept exactly the same names and produce the same bytes. */
+#define ONES 0x0101010101010101ull
+#define HIGH (0x80 * ONES)
+
+/* 0x80 in each byte lane of `b` (all lanes < 0x80) that lies in [lo, hi]:
+ * b + (0x80 - lo) reaches 0x80 iff b >= lo, b + (0x7f - hi) iff b > hi,
+ * and neither sum leaves its lane. */
+static inline uint64_t lanes_in(uint64_t b, unsigned lo, unsigned hi)
+{
+  return (b + (0x80 - lo) * ONES) & ~(b + (0x7f - hi) * ONES) & HIGH;
+}
+
+/* Lower-case the eight name bytes `w` into *out if each is a letter, digit
+ * or '-'; returns 0 (nothing decided) otherwise. */
+static inline int name_word(uint64_t w, uint64_t *out)
+{
+  if ((w & HIGH) != 0)
+    return 0;
+  uint64_t alpha = lanes_in(w | 0x20 * ONES, 'a', 'z');
+  uint64_t x = w ^ ('-' * ONES);
+  uint64_t dash = ~(x + 0x7f * ONES) & HIGH; /* lanes where x is 0 */
+  if ((alpha | lanes_in(w, '0', '9') | dash) != HIGH)
+    return 0;
+  *out = w | (alpha >> 2); /* 0x20 in the letters' lanes */
+  return 1;
+}
+
+/* Copy a name piece lower-cased into dst; 1 if a byte is not a token
+ * character (dst then holds garbage the caller does not count). */
+static int copy_name(char *dst, const char *at, size_t len)
+{
+  size_t i = 0;
+  uint64_t w, o;
+  if (len >= 8) {
+    for (; i + 8 <= len; i += 8) {
+      memcpy(&w, at + i, 8);
+      if (!name_word(w, &o))
+        goto bytes;
+      memcpy(dst + i, &o, 8);
+    }
+    if (i < len) {
+      /* The last word overlaps the previous one: same bytes, same result. */
+      memcpy(&w, at + len - 8, 8);
+      if (!name_word(w, &o))
+        goto bytes;
+      memcpy(dst + len - 8, &o, 8);
+    }
+    return 0;
+  }
+  if (len >= 4) {
+    /* Two (possibly overlapping) halves of four make one word. */
+    uint32_t a, b;
+    memcpy(&a, at, 4);
+    memcpy(&b, at + len - 4, 4);
+    if (name_word(a | (uint64_t)b << 32, &o)) {
+      a = (uint32_t)o;
+      b = (uint32_t)(o >> 32);
+      memcpy(dst, &a, 4);
+      memcpy(dst + len - 4, &b, 4);
+      return 0;
+    }
+  }
+bytes:
+  for (; i < len; i++) {
+    unsigned char c = (unsigned char)at[i], t = TCHAR[c];
+    if (t == 0)
+      return 1;
+    dst[i] = (char)(c | (t & 0x20));
+  }
+  return 0;
+}
+
 /* Append to the head; `token` checks that every byte is a token character
  * (returns 1 if not, nothing appended) and lower-cases it on the way.
  * Returns -1 past the head's cap. */
@@ -85,12 +163,8 @@ static int append(osr_h1p_t *p, const char *at, size_t len, int token)
     dst = tail.base;
   }
   if (token) {
-    for (size_t i = 0; i < len; i++) {
-      unsigned char c = (unsigned char)at[i], t = TCHAR[c];
-      if (t == 0)
-        return 1;
-      dst[i] = (char)(c | (t & 0x20));
-    }
+    if (copy_name(dst, at, len) != 0)
+      return 1;
   } else {
     memcpy(dst, at, len);
   }

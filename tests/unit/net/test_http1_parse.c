@@ -167,6 +167,69 @@ static void test_header_names_lowercase(void **state)
   osr__h1p_dispose(&p);
 }
 
+/* RFC 9110 token characters, the reference for the parser's name check. */
+static int ref_tchar(int c)
+{
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* Field names are checked and lower-cased eight bytes at a time when every
+ * byte is a letter, digit or '-', else byte by byte: for every name length
+ * from 1 to 24, every byte value at every position, whole and split at that
+ * position, a name is accepted exactly when all its bytes are token
+ * characters, and comes out lower-cased byte for byte. */
+static void test_header_name_bytes(void **state)
+{
+  (void)state;
+  static const char base[] = "aBcDeFgHiJkLmNoPqRsTuVwXyZ-0123456789";
+  osr_http_limits_t l = limits();
+  for (size_t len = 1; len <= 24; len++) {
+    for (size_t pos = 0; pos < len; pos++) {
+      for (int c = 0; c < 256; c++) {
+        if (c == ':' || (pos == 0 && (c == '\n' || c == '\r')))
+          continue; /* ends the name or the head early: a different head */
+        char name[32], want[32], req[96];
+        memcpy(name, base + (len + pos) % 8, len);
+        name[pos] = (char)c;
+        for (size_t i = 0; i < len; i++) {
+          unsigned char b = (unsigned char)name[i];
+          want[i] = (char)(b >= 'A' && b <= 'Z' ? b + 32 : b);
+        }
+        /* Built byte by byte: the name may hold a NUL. */
+        static const char head[] = "GET / HTTP/1.1\r\nHost: h\r\n", tail[] = ": v\r\n\r\n";
+        const size_t pre = sizeof(head) - 1;
+        memcpy(req, head, pre);
+        memcpy(req + pre, name, len);
+        memcpy(req + pre + len, tail, sizeof(tail) - 1);
+        int n = (int)(pre + len + sizeof(tail) - 1);
+        for (int split = 0; split < 2; split++) {
+          osr_h1p_t p;
+          rec_t r;
+          memset(&r, 0, sizeof(r));
+          osr__h1p_init(&p, 1, &l, 0, &ev, &r);
+          size_t k = split ? pre + pos : (size_t)n, c1 = 0, c2 = 0;
+          int rc = osr__h1p_execute(&p, req, k, &c1);
+          if (rc >= 0 && k < (size_t)n)
+            rc = osr__h1p_execute(&p, req + k, (size_t)n - k, &c2);
+          int ok = 1;
+          for (size_t i = 0; i < len; i++)
+            ok = ok && ref_tchar((unsigned char)name[i]);
+          if (ok) {
+            assert_int_equal(rc, OSR_H1P_MESSAGE);
+            assert_int_equal(p.num_headers, 2);
+            assert_int_equal(p.headers[1].name.len, len);
+            assert_memory_equal(p.headers[1].name.base, want, len);
+          } else {
+            assert_true(rc < 0);
+          }
+          osr__h1p_dispose(&p);
+        }
+      }
+    }
+  }
+}
+
 /* Heads with more fields than the pooled index block holds (128 spans, 64
  * headers) move their arrays to the heap; trimming between messages gives
  * everything back (ASan: no leak, no use after trim), and the next head on
@@ -407,6 +470,7 @@ int main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_valid_and_pipelined),
       cmocka_unit_test(test_header_names_lowercase),
+      cmocka_unit_test(test_header_name_bytes),
       cmocka_unit_test(test_many_headers_and_trim),
       cmocka_unit_test(test_caps),
       cmocka_unit_test(test_smuggling_and_syntax),
