@@ -710,7 +710,8 @@ struct dp_stream_s {
   osr_http_client_t *client; /* the upstream connection in use */
   char addr[OSR_ADDR_HOST_MAX + OSR_ADDR_PATH_MAX + 16];
   char sid[OSR_DP_SID_MAX];
-  char *target;
+  char *target; /* target_small, or heap for a longer one */
+  char target_small[128];
   uint16_t port;
   int tls;
   unsigned pool_b; /* pool_hash(addr, port) */
@@ -745,6 +746,11 @@ struct dp_stream_s {
   int waiting;
 };
 
+/* One stream per proxied request: from this thread's slab (a page-backed
+ * free list) rather than a malloc/free pair per request. */
+_Static_assert(sizeof(dp_stream_t) <= 1024, "a stream fits a slab object");
+static __thread osr_slab_t stream_slab = {.size = sizeof(dp_stream_t), .max_spare = 4};
+
 static void stream_release_slot(dp_stream_t *st)
 {
   if (st->holds_slot) {
@@ -766,11 +772,12 @@ static void stream_maybe_free(dp_stream_t *st)
     st->client = NULL;
   }
   osr__dp_act_close(dp, st->act);
-  osr_free(st->target);
+  if (st->target != st->target_small)
+    osr_free(st->target);
   if (st->up != NULL)
     memset(st->up, 0, sizeof(*st->up)); /* the provider's token */
   osr_free(st->up);
-  osr_free(st);
+  osr_slab_free(&stream_slab, st);
   dp->nstreams--;
   if (dp->stopping)
     osr__dp_maybe_finish(dp);
@@ -1190,9 +1197,15 @@ static int stream_issue(dp_stream_t *st)
 {
   osr_http_req_t *req = st->req;
   size_t n = req->num_headers;
-  osr_http_header_t *h = osr_try_malloc((n + 4) * sizeof(*h));
-  if (h == NULL)
-    return OSR_ENOMEM;
+  /* The header array only lives for the call that writes the upstream
+   * head (the client copies it there): on the stack unless it is long. */
+  osr_http_header_t h_small[36];
+  osr_http_header_t *h = h_small, *h_heap = NULL;
+  if (n + 4 > sizeof(h_small) / sizeof(h_small[0])) {
+    h = h_heap = osr_try_malloc((n + 4) * sizeof(*h));
+    if (h == NULL)
+      return OSR_ENOMEM;
+  }
   const osr_iovec_t *conn = osr_http_req_header(req, "connection");
   size_t k = 0;
   for (size_t i = 0; i < n; i++) {
@@ -1264,7 +1277,7 @@ static int stream_issue(dp_stream_t *st)
       .content_length = st->req_cl,
   };
   int rv = osr_http_client_request(st->client, &cr, &creq_events, st, &st->creq);
-  osr_free(h);
+  osr_free(h_heap);
   osr_free(auth_heap);
   return rv;
 }
@@ -1812,12 +1825,18 @@ static void forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, 
     forward_upgrade(dp, req, addr, tls, port, target, sid, tok_src, up);
     return;
   }
-  dp_stream_t *st = osr_xcalloc(1, sizeof(*st));
+  dp_stream_t *st = osr_slab_xalloc(&stream_slab);
   st->dp = dp;
   st->req = req;
   osr__dp_copy_str(st->addr, sizeof(st->addr), addr);
   osr__dp_copy_str(st->sid, sizeof(st->sid), sid);
-  st->target = osr_xstrdup(target);
+  size_t tl = strlen(target);
+  if (tl < sizeof(st->target_small)) {
+    memcpy(st->target_small, target, tl + 1);
+    st->target = st->target_small;
+  } else {
+    st->target = osr_xstrdup(target);
+  }
   st->port = port;
   st->tls = tls;
   st->pool_b = pool_hash(addr, port);

@@ -27,8 +27,10 @@
 
 #include "net/http.h"
 #include "net/http1_parse.h"
+#include "util/blockpool.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/slab.h"
 #include "util/text.h"
 
 #define MOD "http1c"
@@ -121,12 +123,29 @@ static void dequeue(h1client_t *c, h1creq_t *r)
   r->next = NULL;
 }
 
+/* A request lives for one exchange (the data plane makes one per proxied
+ * request): requests come from a per-thread slab and their heads from the
+ * block pool, so an exchange costs no malloc/free pair of its own. */
+static __thread osr_slab_t creq_slab = {.size = sizeof(h1creq_t), .max_spare = 4};
+
+/* Give the written (or unsent) head back: a pooled block when it was one
+ * (a heap buffer of exactly a block's size may go to the pool as well:
+ * the pool's blocks come from the same allocator). */
+static void head_release(h1creq_t *r)
+{
+  if (r->head.base != NULL && r->head.cap == osr_block_size(OSR_BLOCK_4K)) {
+    osr_block_put(OSR_BLOCK_4K, r->head.base);
+    r->head.base = NULL;
+  }
+  osr_buf_dispose(&r->head);
+}
+
 static void free_creq(h1creq_t *r)
 {
-  osr_buf_dispose(&r->head);
+  head_release(r);
   osr_freep(&r->iov_heap);
   osr_freep(&r->pbufs);
-  osr_free(r);
+  osr_slab_free(&creq_slab, r);
 }
 
 /* Deliver the final on_body and free. The request is already dequeued. */
@@ -362,7 +381,7 @@ static void on_req_written(osr_sock_t *s, int status, void *arg)
   r->write_inflight = 0;
   osr_freep(&r->iov_heap);
   if (r->head.base != NULL && r->head_sent)
-    osr_buf_dispose(&r->head);
+    head_release(r);
   if (status == 0 && r->end_queued)
     r->body_ended = 1;
   osr_http_creq_write_cb cb = r->wcb;
@@ -493,9 +512,10 @@ static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,
       ev->on_response == NULL)
     return OSR_EINVAL;
   const char *auth = req->authority != NULL ? req->authority : base->authority;
-  size_t need = strlen(req->method) + strlen(req->target) + strlen(auth) + 128;
-  if (bad_text(req->method, strlen(req->method)) || bad_text(req->target, strlen(req->target)) ||
-      bad_text(auth, strlen(auth)) || strchr(req->method, ' ') || strchr(req->target, ' '))
+  size_t mlen = strlen(req->method), tlen = strlen(req->target), alen = strlen(auth);
+  size_t need = mlen + tlen + alen + 128;
+  if (bad_text(req->method, mlen) || bad_text(req->target, tlen) || bad_text(auth, alen) ||
+      memchr(req->method, ' ', mlen) != NULL || memchr(req->target, ' ', tlen) != NULL)
     return OSR_EINVAL;
   for (size_t i = 0; i < req->nheaders; i++) {
     const osr_http_header_t *h = &req->headers[i];
@@ -505,7 +525,7 @@ static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,
     need += h->name.len + h->value.len + 4;
   }
 
-  h1creq_t *r = osr_xcalloc(1, sizeof(*r));
+  h1creq_t *r = osr_slab_xalloc(&creq_slab);
   r->super.client = base;
   r->super.ev = ev;
   r->super.data = data;
@@ -513,7 +533,13 @@ static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,
   r->is_head = strcasecmp(req->method, "HEAD") == 0;
   /* The head is written in place: `need` bounds it (the fixed text, the
    * framing line and the blank line fit in its 128 spare bytes). */
-  osr_buf_init(&r->head, need);
+  size_t blk = osr_block_size(OSR_BLOCK_4K);
+  osr_buf_init(&r->head, need <= blk ? blk : need); /* cap <= max, as osr_buf wants */
+  if (need <= blk) {
+    r->head.base = osr_block_get(OSR_BLOCK_4K); /* NULL: osr_buf_reserve mallocs */
+    if (r->head.base != NULL)
+      r->head.cap = blk;
+  }
   osr_iovec_t t;
   int rv = osr_buf_reserve(&r->head, need, &t);
   if (rv != 0) {
@@ -521,11 +547,11 @@ static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,
     return rv;
   }
   char *w = t.base;
-  w = put_str(w, req->method, strlen(req->method));
+  w = put_str(w, req->method, mlen);
   *w++ = ' ';
-  w = put_str(w, req->target, strlen(req->target));
+  w = put_str(w, req->target, tlen);
   w = PUT_LIT(w, " HTTP/1.1\r\nhost: ");
-  w = put_str(w, auth, strlen(auth));
+  w = put_str(w, auth, alen);
   w = PUT_LIT(w, "\r\n");
   for (size_t i = 0; i < req->nheaders; i++) {
     const osr_http_header_t *h = &req->headers[i];
