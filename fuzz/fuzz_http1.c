@@ -15,6 +15,11 @@
  * delivered after a head, header names are lower-case tokens, values carry
  * no CR/LF, counts and sizes stay within the caps, and the loop makes
  * progress (no input makes the parser spin).
+ *
+ * Where llhttp is built twice (x86-64: generic and SSE4.2, see
+ * subprojects/llhttp/osr_llhttp_dispatch.h), every input runs through both
+ * copies and must give the same result: the same heads (a hash of every
+ * field), the same body bytes, messages and final status.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -22,6 +27,9 @@
 
 #include "net/http1_parse.h"
 #include "util/mem.h"
+#ifdef OSR_LLHTTP_DISPATCH
+#include "osr_llhttp_dispatch.h"
+#endif
 
 #define CHECK(x)           \
   do {                     \
@@ -37,7 +45,16 @@ typedef struct fz_s {
   int in_head_done;    /* a head was delivered and its message is open */
   size_t messages;
   uint64_t body;
+  uint64_t hash;       /* FNV-1a of everything delivered */
 } fz_t;
+
+static void mix(fz_t *f, const void *p, size_t n)
+{
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    f->hash = (f->hash ^ b[i]) * 0x100000001b3ull;
+  f->hash = (f->hash ^ n) * 0x100000001b3ull;
+}
 
 static uint32_t next(fz_t *f)
 {
@@ -75,6 +92,15 @@ static int on_head(osr_h1p_t *p)
     bytes += h->name.len + h->value.len;
   }
   CHECK(bytes <= 4096);
+  for (size_t i = 0; i < p->num_headers; i++) {
+    mix(f, p->headers[i].name.base, p->headers[i].name.len);
+    mix(f, p->headers[i].value.base, p->headers[i].value.len);
+  }
+  int64_t nums[] = {p->version, p->method, p->status_code, p->content_length, p->chunked,
+                    p->keep_alive, p->upgrade, (int64_t)p->num_headers};
+  mix(f, nums, sizeof(nums));
+  mix(f, p->target.base, p->target.len);
+  mix(f, p->reason.base, p->reason.len);
   if (!f->is_response) {
     CHECK(p->target.len <= 1024);
     CHECK(!(p->chunked && p->content_length >= 0)); /* smuggling */
@@ -92,6 +118,7 @@ static int on_body(osr_h1p_t *p, const char *at, size_t len)
   CHECK(f->in_head_done);
   CHECK(at >= f->win && at + len <= f->win + f->win_len);
   f->body += len;
+  mix(f, at, len);
   if (!f->is_response)
     CHECK(p->body_bytes <= 65536);
   return (next(f) & 3) == 0 ? 1 : 0; /* hold now and then */
@@ -107,13 +134,12 @@ static int on_complete(osr_h1p_t *p)
 
 static const osr_h1p_events_t events = {NULL, on_head, on_body, on_complete};
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* One run over the input; *f gets what was delivered, the result is the
+ * last execute/finish return code (with the status folded into f->hash). */
+static int run(const uint8_t *data, size_t size, fz_t *out)
 {
-  if (size < 1)
-    return 0;
   fz_t f;
+  int last = 0;
   memset(&f, 0, sizeof(f));
   f.is_response = data[0] & 1;
   f.rng = 0x12345u ^ ((uint32_t)data[0] << 8);
@@ -151,6 +177,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     f.win_len = len;
     size_t consumed = 0;
     int rc = osr__h1p_execute(&p, win, len, &consumed);
+    last = rc;
+    mix(&f, &consumed, sizeof(consumed));
     CHECK(consumed <= len);
     if (rc == OSR_H1P_HELD) {
       CHECK(consumed + p.held_len <= len);
@@ -160,6 +188,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pos += consumed;
     if (rc < 0) {
       CHECK(p.status >= 400 && p.status <= 505);
+      mix(&f, &p.status, sizeof(p.status));
       /* A failed parser stays failed until reset. */
       size_t c2 = 0;
       CHECK(osr__h1p_execute(&p, in, 0, &c2) < 0);
@@ -168,11 +197,37 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc == OSR_H1P_MESSAGE && p.upgrade)
       break; /* the rest is not HTTP */
     if (rc == OSR_H1P_DONE && avail == n && pos == n) {
-      if (osr__h1p_finish(&p) == 0 && f.in_head_done)
+      last = osr__h1p_finish(&p);
+      if (last == 0 && f.in_head_done)
         CHECK(f.is_response); /* only responses end with the connection */
       break;
     }
   }
   osr__h1p_dispose(&p);
+  *out = f;
+  return last;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+  if (size < 1)
+    return 0;
+  fz_t a;
+  int rc = run(data, size, &a);
+#ifdef OSR_LLHTTP_DISPATCH
+  /* The other llhttp copy must agree byte for byte. */
+  int was = osr_llhttp_simd();
+  if (osr_llhttp_simd_select(!was) >= 0) {
+    fz_t b;
+    int rc2 = run(data, size, &b);
+    (void)osr_llhttp_simd_select(was);
+    CHECK(rc2 == rc);
+    CHECK(b.hash == a.hash && b.messages == a.messages && b.body == a.body);
+  }
+#else
+  (void)rc;
+#endif
   return 0;
 }
