@@ -828,9 +828,23 @@ static int in_connection(const osr_iovec_t *conn, osr_iovec_t name)
 /* Hop-by-hop and framing headers (RFC 9110 7.6.1) never cross the proxy. */
 static int hop_by_hop(osr_iovec_t n)
 {
-  return name_is(n, "connection") || name_is(n, "keep-alive") || name_is(n, "proxy-connection") ||
-         name_is(n, "transfer-encoding") || name_is(n, "te") || name_is(n, "trailer") ||
-         name_is(n, "upgrade") || name_is(n, "content-length") || name_is(n, "http2-settings");
+  /* By length first: this runs for every header both ways. */
+  switch (n.len) {
+  case 2:
+    return name_is(n, "te");
+  case 7:
+    return name_is(n, "trailer") || name_is(n, "upgrade");
+  case 10:
+    return name_is(n, "connection") || name_is(n, "keep-alive");
+  case 14:
+    return name_is(n, "content-length") || name_is(n, "http2-settings");
+  case 16:
+    return name_is(n, "proxy-connection");
+  case 17:
+    return name_is(n, "transfer-encoding");
+  default:
+    return 0;
+  }
 }
 
 /* The client's credential is for us, not for the sandbox. */

@@ -904,11 +904,7 @@ static void exchange_done(h1conn_t *c)
 
 static int has_crlf(osr_iovec_t v)
 {
-  for (size_t i = 0; i < v.len; i++) {
-    if (v.base[i] == '\r' || v.base[i] == '\n' || v.base[i] == '\0')
-      return 1;
-  }
-  return 0;
+  return osr_has_crlf_nul(v.base, v.len);
 }
 
 static int name_is(osr_iovec_t n, const char *s)

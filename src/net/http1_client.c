@@ -495,11 +495,7 @@ static int hname_is(osr_iovec_t n, const char *s)
 
 static int bad_text(const char *s, size_t n)
 {
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0')
-      return 1;
-  }
-  return 0;
+  return osr_has_crlf_nul(s, n);
 }
 
 static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,

@@ -441,7 +441,9 @@ static int finish_head(osr_h1p_t *p)
     osr_http_header_t *h = &p->_hdrs[i];
     h->name = osr_iov(base + sp->name_off, sp->name_len);
     h->value = osr_iov(sp->value_len != 0 ? base + sp->value_off : base, sp->value_len);
-    if (NAME_IS(h->name, "host")) {
+    if (!p->_is_request) {
+      continue; /* Host, Transfer-Encoding and Expect are checked on requests only */
+    } else if (NAME_IS(h->name, "host")) {
       nhost++;
       if (p->host == NULL)
         p->host = &h->value;

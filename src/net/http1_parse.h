@@ -85,8 +85,8 @@ struct osr_h1p_s {
   osr_iovec_t reason;       /**< reason phrase (responses) */
   osr_http_header_t *headers; /**< names lower case, values trimmed */
   size_t num_headers;
-  const osr_iovec_t *host;  /**< the first Host value in headers, or NULL */
-  const osr_iovec_t *expect; /**< the first Expect value in headers, or NULL */
+  const osr_iovec_t *host;  /**< requests: the first Host value in headers, or NULL */
+  const osr_iovec_t *expect; /**< requests: the first Expect value, or NULL */
   int64_t content_length;   /**< -1 when absent */
   int chunked;
   int keep_alive;           /**< llhttp_should_keep_alive at head time */

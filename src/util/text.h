@@ -35,6 +35,28 @@ static inline int osr_ascii_ieq_lower(const char *s, size_t n, const char *lc, s
   return 1;
 }
 
+/** Whether [s, s+n) holds a CR, LF or NUL byte (what must never reach a
+ *  head we write: response splitting); eight bytes per step. */
+static inline int osr_has_crlf_nul(const char *s, size_t n)
+{
+  const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w, a, b;
+    __builtin_memcpy(&w, s + i, 8);
+    a = w ^ (0x0a * ones);
+    b = w ^ (0x0d * ones);
+    /* (x - 1) & ~x & 0x80 per byte is nonzero iff some byte of x is 0 */
+    if ((((w - ones) & ~w) | ((a - ones) & ~a) | ((b - ones) & ~b)) & high)
+      return 1;
+  }
+  for (; i < n; i++) {
+    if (s[i] == '\r' || s[i] == '\n' || s[i] == '\0')
+      return 1;
+  }
+  return 0;
+}
+
 /** FNV-1a, the hash of OSR's small in-memory tables (not keyed: for our own
  *  ids and addresses, never for keys a client picks freely). Start with
  *  OSR_FNV1A_INIT, feed bytes with osr_fnv1a or one value with
