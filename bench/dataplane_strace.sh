@@ -61,6 +61,6 @@ kill $NG; wait $NG 2>/dev/null
 for f in $D/st.*; do
   if [ -n "$STRACE_T" ]; then echo "== $(basename $f) (last 40 lines before exit)"; grep -v -E 'SIGINT|exit|rt_sig|\+\+\+|---' $f | tail -${STRACE_LINES:-48} | head -${STRACE_SHOW:-40}; continue; fi
   echo "$T N=$N $(basename $f) total $(awk '/^100.00/ {print $4}' $f)"
-  grep -E '^ *[0-9]' $f | sort -k4 -n -r | head -6 | awk -v n="$(basename $f)" '{print "   " n, $NF, $4}'
+  grep -E '^ *[0-9]' $f | sort -k4 -n -r | head -${STRACE_TOP:-6} | awk -v n="$(basename $f)" '{print "   " n, $NF, $4}'
 done
 rm -rf $D

@@ -126,7 +126,10 @@ static void dequeue(h1client_t *c, h1creq_t *r)
 /* A request lives for one exchange (the data plane makes one per proxied
  * request): requests come from a per-thread slab and their heads from the
  * block pool, so an exchange costs no malloc/free pair of its own. */
-static __thread osr_slab_t creq_slab = {.size = sizeof(h1creq_t), .max_spare = 4};
+static __thread osr_slab_t creq_slab = {.size = sizeof(h1creq_t), .max_spare = 32};
+/* (eight requests a page: 32 spare pages, 128 KiB at most, absorb a swing
+ * of 256 requests in flight without an mmap/munmap per request, as the
+ * proxy's stream slab and the block pool's 4 KiB cache) */
 
 /* Give the written (or unsent) head back: a pooled block when it was one
  * (a heap buffer of exactly a block's size may go to the pool as well:
