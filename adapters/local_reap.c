@@ -33,6 +33,7 @@
 
 #include "adapters/local_int.h"
 #include "util/log.h"
+#include "util/mem.h"
 
 #define MOD "local"
 /* Zombies reaped per pass before yielding to the loop (a teardown of many
@@ -48,6 +49,37 @@ static unsigned subreaper_users;
 
 static void on_retry(uv_timer_t *t);
 
+/* The pids of the loop's uv_process_t handles, collected by one uv_walk
+ * per pass (the walk is O(loop handles), a gateway's connections included,
+ * so it is not repeated for each zombie). The loop thread spawns nothing
+ * while a pass runs, so the set stays true for the whole pass. */
+typedef struct uvpids_s {
+  pid_t local[32];
+  pid_t *pid;
+  size_t n, cap;
+  int failed; /* out of memory: fall back to a walk per zombie */
+} uvpids_t;
+
+static void collect_uv_child(uv_handle_t *h, void *arg)
+{
+  uvpids_t *w = arg;
+  if (h->type != UV_PROCESS || w->failed)
+    return;
+  if (w->n == w->cap) {
+    size_t cap = w->cap * 2;
+    pid_t *p = osr_try_realloc(w->pid == w->local ? NULL : w->pid, cap * sizeof(*p));
+    if (p == NULL) {
+      w->failed = 1;
+      return;
+    }
+    if (w->pid == w->local)
+      memcpy(p, w->local, sizeof(w->local));
+    w->pid = p;
+    w->cap = cap;
+  }
+  w->pid[w->n++] = ((uv_process_t *)h)->pid;
+}
+
 typedef struct uvpid_s {
   pid_t pid;
   int found;
@@ -60,9 +92,34 @@ static void find_uv_child(uv_handle_t *h, void *arg)
     w->found = 1;
 }
 
+/* Whether pid is a uv_process_t of the loop; the set is built on the
+ * first call of a pass (walked is 0 until then). */
+static int is_uv_child(uv_loop_t *loop, uvpids_t *w, int *walked, pid_t pid)
+{
+  if (!*walked) {
+    uv_walk(loop, collect_uv_child, w);
+    *walked = 1;
+  }
+  if (w->failed) {
+    uvpid_t one = {pid, 0};
+    uv_walk(loop, find_uv_child, &one);
+    return one.found;
+  }
+  for (size_t i = 0; i < w->n; i++)
+    if (w->pid[i] == pid)
+      return 1;
+  return 0;
+}
+
 unsigned osr__lreap_run(osr__lreap_t *r)
 {
   unsigned n = 0;
+  uvpids_t w;
+  w.pid = w.local;
+  w.n = 0;
+  w.cap = sizeof(w.local) / sizeof(w.local[0]);
+  w.failed = 0;
+  int walked = 0;
   for (;;) {
     if (n == LREAP_PER_PASS) {
       uv_timer_start(&r->retry, on_retry, 0, 0);
@@ -72,9 +129,7 @@ unsigned osr__lreap_run(osr__lreap_t *r)
     memset(&si, 0, sizeof(si));
     if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT | __WALL) != 0 || si.si_pid == 0)
       break; /* ECHILD: no children; si_pid 0: none has exited */
-    uvpid_t w = {si.si_pid, 0};
-    uv_walk(r->loop, find_uv_child, &w);
-    if (w.found) {
+    if (is_uv_child(r->loop, &w, &walked, si.si_pid)) {
       uv_timer_start(&r->retry, on_retry, LREAP_RETRY_MS, 0);
       break;
     }
@@ -84,6 +139,8 @@ unsigned osr__lreap_run(osr__lreap_t *r)
       break;
     n++;
   }
+  if (w.pid != w.local)
+    osr_free(w.pid);
   r->reaped += n;
   return n;
 }
