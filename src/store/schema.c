@@ -37,6 +37,37 @@
 const char osr__sql_binding_select[] = "SELECT " OSR__B_COLS " FROM bindings";
 const char osr__sql_audit_select[] = "SELECT " OSR__A_COLS " FROM audit";
 
+/* Texts used by more than one statement below. */
+#define B_UPDATE_IF_SQL \
+  "UPDATE bindings SET provider = $2, provider_id = $3, region = $4, isolation = $5, " \
+  "agent_endpoint = $6, state = $7, attempt = $8, updated_ms = $9, expires_ms = $10, " \
+  "idle_timeout_ms = $11, last_activity_ms = CASE WHEN last_activity_ms > $12 THEN " \
+  "last_activity_ms ELSE $12 END, ended_ms = $13, end_reason = $14, granted_json = $15, " \
+  "error_json = $16, owner = CASE WHEN CAST($17 AS TEXT) = '' THEN owner ELSE CAST($17 AS TEXT) " \
+  "END WHERE id = $1 AND (CAST($18 AS INTEGER) = 0 OR state = CAST($18 AS INTEGER)) AND " \
+  "(CAST($19 AS BIGINT) = 0 OR updated_ms = CAST($19 AS BIGINT))"
+#define B_INSERT_ROWS_SQL \
+  "INSERT INTO bindings (" OSR__B_COLS ") SELECT * FROM unnest($1::text[], $2::text[], " \
+  "$3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::integer[], " \
+  "$10::text[], $11::integer[], $12::integer[], $13::bigint[], $14::bigint[], $15::bigint[], " \
+  "$16::bigint[], $17::bigint[], $18::bigint[], $19::text[], $20::text[], $21::text[], " \
+  "$22::text[], $23::text[], $24::text[]) AS v ON CONFLICT DO NOTHING RETURNING id"
+#define B_UPDATE_ROWS_SQL \
+  "UPDATE bindings AS b SET provider = v.provider, provider_id = v.provider_id, region = " \
+  "v.region, isolation = v.isolation, agent_endpoint = v.agent_endpoint, state = v.state, " \
+  "attempt = v.attempt, updated_ms = v.updated_ms, expires_ms = v.expires_ms, idle_timeout_ms = " \
+  "v.idle_timeout_ms, last_activity_ms = CASE WHEN b.last_activity_ms > v.last_activity_ms THEN " \
+  "b.last_activity_ms ELSE v.last_activity_ms END, ended_ms = v.ended_ms, end_reason = " \
+  "v.end_reason, granted_json = v.granted_json, error_json = v.error_json, owner = CASE WHEN " \
+  "v.owner = '' THEN b.owner ELSE v.owner END FROM unnest($1::text[], $2::text[], $3::text[], " \
+  "$4::text[], $5::integer[], $6::text[], $7::integer[], $8::integer[], $9::bigint[], " \
+  "$10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::text[], " \
+  "$16::text[], $17::text[], $18::integer[], $19::bigint[]) AS v (id, provider, provider_id, " \
+  "region, isolation, agent_endpoint, state, attempt, updated_ms, expires_ms, idle_timeout_ms, " \
+  "last_activity_ms, ended_ms, end_reason, granted_json, error_json, owner, if_state, " \
+  "if_updated_ms) WHERE b.id = v.id AND (v.if_state = 0 OR b.state = v.if_state) AND " \
+  "(v.if_updated_ms = 0 OR b.updated_ms = v.if_updated_ms) RETURNING b.id"
+
 const char *const osr__stmt_sql[OSR__ST_COUNT] = {
   [OSR__ST_BEGIN] = NULL, /* backend's begin_sql */
   [OSR__ST_COMMIT] = "COMMIT",
@@ -65,14 +96,7 @@ const char *const osr__stmt_sql[OSR__ST_COUNT] = {
    * in the state (and, unless $19 is 0, at the version) the caller read.
    * One statement, so the database's row lock decides races between
    * gateways; the affected-row count tells the caller whether it won. */
-  [OSR__ST_B_UPDATE_IF] =
-    "UPDATE bindings SET provider = $2, provider_id = $3, region = $4, isolation = $5, "
-    "agent_endpoint = $6, state = $7, attempt = $8, updated_ms = $9, expires_ms = $10, "
-    "idle_timeout_ms = $11, last_activity_ms = CASE WHEN last_activity_ms > $12 THEN "
-    "last_activity_ms ELSE $12 END, ended_ms = $13, end_reason = $14, granted_json = $15, "
-    "error_json = $16, owner = CASE WHEN CAST($17 AS TEXT) = '' THEN owner ELSE CAST($17 AS TEXT) "
-    "END WHERE id = $1 AND (CAST($18 AS INTEGER) = 0 OR state = CAST($18 AS INTEGER)) AND "
-    "(CAST($19 AS BIGINT) = 0 OR updated_ms = CAST($19 AS BIGINT))",
+  [OSR__ST_B_UPDATE_IF] = B_UPDATE_IF_SQL,
   /* After a conditional update changed nothing: lost race or no row? */
   [OSR__ST_B_EXISTS] = "SELECT 1 FROM bindings WHERE id = $1",
   [OSR__ST_B_TOUCH] =
@@ -96,33 +120,37 @@ const char *const osr__stmt_sql[OSR__ST_COUNT] = {
    * row that conflicts with an earlier row of the same statement; RETURNING
    * names the rows that were written, the others are resolved one by one
    * (store.c op_create_rows, op_update_rows). */
-  [OSR__ST_B_INSERT_ROWS] =
-    "INSERT INTO bindings (" OSR__B_COLS ") SELECT * FROM unnest($1::text[], $2::text[], "
-    "$3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::integer[], "
-    "$10::text[], $11::integer[], $12::integer[], $13::bigint[], $14::bigint[], $15::bigint[], "
-    "$16::bigint[], $17::bigint[], $18::bigint[], $19::text[], $20::text[], $21::text[], "
-    "$22::text[], $23::text[], $24::text[]) AS v ON CONFLICT DO NOTHING RETURNING id",
+  [OSR__ST_B_INSERT_ROWS] = B_INSERT_ROWS_SQL,
   /* B_UPDATE_IF per row ($18 = 0 and $19 = 0: B_UPDATE). The join probes
    * the primary key once per row. */
-  [OSR__ST_B_UPDATE_ROWS] =
-    "UPDATE bindings AS b SET provider = v.provider, provider_id = v.provider_id, region = "
-    "v.region, isolation = v.isolation, agent_endpoint = v.agent_endpoint, state = v.state, "
-    "attempt = v.attempt, updated_ms = v.updated_ms, expires_ms = v.expires_ms, idle_timeout_ms = "
-    "v.idle_timeout_ms, last_activity_ms = CASE WHEN b.last_activity_ms > v.last_activity_ms THEN "
-    "b.last_activity_ms ELSE v.last_activity_ms END, ended_ms = v.ended_ms, end_reason = "
-    "v.end_reason, granted_json = v.granted_json, error_json = v.error_json, owner = CASE WHEN "
-    "v.owner = '' THEN b.owner ELSE v.owner END FROM unnest($1::text[], $2::text[], $3::text[], "
-    "$4::text[], $5::integer[], $6::text[], $7::integer[], $8::integer[], $9::bigint[], "
-    "$10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::text[], $15::text[], "
-    "$16::text[], $17::text[], $18::integer[], $19::bigint[]) AS v (id, provider, provider_id, "
-    "region, isolation, agent_endpoint, state, attempt, updated_ms, expires_ms, idle_timeout_ms, "
-    "last_activity_ms, ended_ms, end_reason, granted_json, error_json, owner, if_state, "
-    "if_updated_ms) WHERE b.id = v.id AND (v.if_state = 0 OR b.state = v.if_state) AND "
-    "(v.if_updated_ms = 0 OR b.updated_ms = v.if_updated_ms) RETURNING b.id",
+  [OSR__ST_B_UPDATE_ROWS] = B_UPDATE_ROWS_SQL,
   [OSR__ST_AUDIT_INSERT_ROWS] =
     "INSERT INTO audit (at_ms, tenant, actor, action, sandbox_id, outcome, detail_json) SELECT * "
     "FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], "
     "$7::text[]) AS v",
+  /* PostgreSQL only: the statement and the rows that ride with it as one
+   * statement (data-modifying WITH; the outer SELECT names the rows the
+   * first part wrote), so a transaction of them needs no answer before its
+   * COMMIT (store.c "one flush"). The second part reads the first's
+   * RETURNING, so it writes exactly the rows whose binding it describes. */
+  [OSR__ST_B_UPDATE_AUDIT] =
+    "WITH u AS (" B_UPDATE_IF_SQL " RETURNING id), a AS (INSERT INTO audit (at_ms, tenant, actor, "
+    "action, sandbox_id, outcome, detail_json) SELECT CAST($21 AS BIGINT), CAST($22 AS TEXT), "
+    "CAST($23 AS TEXT), CAST($24 AS TEXT), CAST($25 AS TEXT), CAST($26 AS TEXT), CAST($27 AS TEXT) "
+    "FROM u WHERE CAST($20 AS INTEGER) = 1) SELECT id FROM u",
+  /* Audit row k belongs to the update of binding $20[k]; rows keep their
+   * array order (the order of the requests). */
+  [OSR__ST_B_UPDATE_ROWS_AUDIT] =
+    "WITH u AS (" B_UPDATE_ROWS_SQL "), a AS (INSERT INTO audit (at_ms, tenant, actor, action, "
+    "sandbox_id, outcome, detail_json) SELECT e.at_ms, e.tenant, e.actor, e.action, e.sandbox_id, "
+    "e.outcome, e.detail_json FROM unnest($20::text[], $21::bigint[], $22::text[], $23::text[], "
+    "$24::text[], $25::text[], $26::text[], $27::text[]) WITH ORDINALITY AS e (bid, at_ms, tenant, "
+    "actor, action, sandbox_id, outcome, detail_json, ord) WHERE e.bid IN (SELECT id FROM u) ORDER "
+    "BY e.ord) SELECT id FROM u",
+  [OSR__ST_B_INSERT_ROWS_META] =
+    "WITH w AS (" B_INSERT_ROWS_SQL "), m AS (INSERT INTO binding_metadata (binding_id, k, v) "
+    "SELECT * FROM unnest($25::text[], $26::text[], $27::text[]) AS e (binding_id, k, v) WHERE "
+    "e.binding_id IN (SELECT id FROM w) ON CONFLICT DO NOTHING) SELECT id FROM w",
 };
 
 static const char migration_1[] =

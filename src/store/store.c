@@ -1336,19 +1336,17 @@ static size_t rows_run(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
   return op == OP_UPDATE && k < UPDATE_ROWS_MIN ? 1 : k;
 }
 
-/* Run a *_ROWS statement whose RETURNING gives the id of every row it
- * wrote; mark those requests in `hit` (ids are distinct: rows_run). With
- * `at_commit` not NULL the backend's query_commit runs it and commits the
- * transaction (and says in *at_commit whether COMMIT was sent). */
-static int rows_returning(const osr__db_vtbl_t *be, osr__db_t *db, int stmt, rows_t *t,
-                          osr__req_t **reqs, size_t n, unsigned char *hit, int *at_commit)
+/* Read the current result's rows, the ids of rows a statement wrote, and
+ * mark those requests of reqs[0..n-1] in `hit` (ids are distinct:
+ * rows_run). 0 or a database error. */
+static int mark_hits(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **reqs, size_t n,
+                     unsigned char *hit)
 {
-  int rv = at_commit != NULL ? be->query_commit(db, stmt, rows_args(t), t->ncols, at_commit)
-                             : be->query(db, stmt, NULL, rows_args(t), t->ncols);
   size_t i;
+  int rv;
 
   memset(hit, 0, n);
-  while (rv == 0 && (rv = be->row_next(db)) > 0) {
+  while ((rv = be->row_next(db)) > 0) {
     const char *id = be->col_text(db, 0);
     for (i = 0; id != NULL && i < n; i++) {
       if (!hit[i] && strcmp(req_bind_id(reqs[i]), id) == 0) {
@@ -1356,10 +1354,21 @@ static int rows_returning(const osr__db_vtbl_t *be, osr__db_t *db, int stmt, row
         break;
       }
     }
-    rv = 0;
   }
-  be->query_end(db);
   return rv < 0 ? rv : 0;
+}
+
+/* Run a *_ROWS statement whose RETURNING gives the id of every row it
+ * wrote; mark those requests in `hit`. */
+static int rows_returning(const osr__db_vtbl_t *be, osr__db_t *db, int stmt, rows_t *t,
+                          osr__req_t **reqs, size_t n, unsigned char *hit)
+{
+  int rv = be->query(db, stmt, NULL, rows_args(t), t->ncols);
+
+  if (rv == 0)
+    rv = mark_hits(be, db, reqs, n, hit);
+  be->query_end(db);
+  return rv;
 }
 
 /* The rows of n requests, each given by `args` as the single-row
@@ -1390,7 +1399,7 @@ static int op_create_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **
   size_t i;
   int rv;
 
-  rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit, NULL);
+  rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit);
   osr_free(t);
   for (i = 0; rv == 0 && i < n; i++)
     rv = hit[i] ? create_written(be, db, reqs[i]) : create_not_written(be, db, reqs[i]);
@@ -1405,7 +1414,7 @@ static int op_update_rows(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t **
   size_t i;
   int rv;
 
-  rv = rows_returning(be, db, OSR__ST_B_UPDATE_ROWS, t, reqs, n, hit, NULL);
+  rv = rows_returning(be, db, OSR__ST_B_UPDATE_ROWS, t, reqs, n, hit);
   if (rv != 0) {
     osr_free(t);
     return rv;
@@ -1441,54 +1450,214 @@ static void count_rows_stmt(osr_store_t *st, size_t k)
   }
 }
 
-/* 1 if the whole batch is one run of creates (rows_run) none of which has
- * metadata rows: then its one multi-row INSERT is the whole transaction and
- * can travel with its COMMIT (create_rows_commit). */
-static int is_insert_only(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n)
-{
-  size_t i;
+/* ---- the worker side: a transaction in one flush ------------------------------------------ */
 
-  if (be->query_commit == NULL || !be->array_params || n == 0 || reqs[0]->op != OP_CREATE ||
-      rows_run(be, reqs, n) != n)
-    return 0;
-  for (i = 0; i < n; i++)
-    if (reqs[i]->u.bind.nmeta > 0)
-      return 0;
-  return 1;
+/* On PostgreSQL every statement whose answer is needed before the next one
+ * is a round trip, and COMMIT one more. A batch of creates and binding
+ * updates only needs its answers after the commit: which rows each
+ * statement wrote (RETURNING), and for the others a read of what is there.
+ * So such a batch goes as BEGIN, its statements and COMMIT in one flush
+ * (query_commit): one round trip for the intent step of a create and one
+ * for its binding step, where each took two (three when a batch held two
+ * updates, each its own prepared UPDATE). The rows that used to follow a
+ * statement once its answer was known ride inside it (schema.c
+ * B_UPDATE_AUDIT, B_UPDATE_ROWS_AUDIT, B_INSERT_ROWS_META): the audit row of
+ * an update that applied, the metadata rows of a binding that was written.
+ * Everything else is as in run_tx: a failing statement makes the server
+ * skip the rest and the COMMIT, the batch rolls back and run_batch reruns
+ * it one request at a time; the rows committed are the same rows. A request
+ * whose row was not written is resolved after the commit, on its own
+ * (create_not_written, update_missed: under READ COMMITTED each read sees
+ * what is committed when it runs, a moment later than inside the
+ * transaction, which no caller can tell from a later call); such a read
+ * failing fails that request alone, the others' rows being committed. */
+
+/* Parameter cells one flush needs at most per statement (its heads) and
+ * per request (its row and audit row; a create's 24 plus 3 per metadata
+ * entry): the widest statements take 27 parameters. */
+#define FLUSH_ARGS 27
+
+typedef struct flush_s {
+  osr__sql_stmt_t stmts[OSR__STORE_FLUSH_MAX];
+  size_t first[OSR__STORE_FLUSH_MAX]; /* the statement's requests: reqs[first .. first+count) */
+  size_t count[OSR__STORE_FLUSH_MAX];
+  int n;
+  osr__sql_arg_t *cells; /* every statement's parameters (one allocation) */
+  size_t used, cap;
+} flush_t;
+
+static osr__sql_arg_t *flush_take(flush_t *f, size_t k)
+{
+  osr__sql_arg_t *a = f->cells + f->used;
+  f->used += k;
+  return a; /* within cap: flush_plan sized it */
 }
 
-/* The batch's INSERT and COMMIT in one round trip (the intent step of a
- * create: one instead of two). The intent rows are durable when this
- * returns 0, as with a separate COMMIT. A request whose row was not
- * written (its key's row exists) reads that row after the commit, on its
- * own: READ COMMITTED sees the winner, committed by another transaction or
- * by this one. Such a read failing fails that request alone, since the
- * others' rows are committed. */
-static int create_rows_commit(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n,
-                              int *at_commit)
+/* Column c of a k-row array statement whose rows start at `cells` (column
+ * major: row r of column c is cells[c * k + r]). */
+static void flush_col(osr__sql_arg_t *head, osr__sql_arg_t *cells, size_t k, int c)
+{
+  *head = (osr__sql_arg_t){.elems = cells + (size_t)c * k, .nelems = (int)k};
+}
+
+/* B_INSERT_ROWS (or B_INSERT_ROWS_META when any has metadata) for creates
+ * reqs[0..k-1]. */
+static void flush_creates(flush_t *f, osr__req_t **reqs, size_t k)
+{
+  osr__sql_stmt_t *s = &f->stmts[f->n];
+  osr__sql_arg_t *head = flush_take(f, CREATE_NARGS + 3), *cells = flush_take(f, CREATE_NARGS * k);
+  osr__sql_arg_t a[CREATE_NARGS], *meta;
+  size_t r, j, nmeta = 0, m = 0;
+  int c;
+
+  for (r = 0; r < k; r++) {
+    create_args(&reqs[r]->u.bind.b, a);
+    for (c = 0; c < CREATE_NARGS; c++)
+      cells[(size_t)c * k + r] = a[c];
+    nmeta += reqs[r]->u.bind.nmeta;
+  }
+  for (c = 0; c < CREATE_NARGS; c++)
+    flush_col(&head[c], cells, k, c);
+  *s = (osr__sql_stmt_t){.stmt = OSR__ST_B_INSERT_ROWS, .args = head, .nargs = CREATE_NARGS};
+  if (nmeta > 0) {
+    meta = flush_take(f, 3 * nmeta);
+    for (r = 0; r < k; r++) {
+      for (j = 0; j < reqs[r]->u.bind.nmeta; j++, m++) {
+        meta[m] = A_TEXT(reqs[r]->u.bind.b.id);
+        meta[nmeta + m] = A_TEXT(reqs[r]->u.bind.meta[j].k);
+        meta[2 * nmeta + m] = A_TEXT(reqs[r]->u.bind.meta[j].v);
+      }
+    }
+    for (c = 0; c < 3; c++)
+      flush_col(&head[CREATE_NARGS + c], meta, nmeta, c);
+    s->stmt = OSR__ST_B_INSERT_ROWS_META;
+    s->nargs = CREATE_NARGS + 3;
+  }
+}
+
+/* B_UPDATE_AUDIT for one update, B_UPDATE_ROWS_AUDIT for k > 1. */
+static void flush_updates(flush_t *f, osr__req_t **reqs, size_t k)
+{
+  enum { NARGS = UPDATE_NARGS + 1 + AUDIT_NARGS };
+  osr__sql_stmt_t *s = &f->stmts[f->n];
+  osr__sql_arg_t *head = flush_take(f, NARGS), *cells, *audit;
+  osr__sql_arg_t a[UPDATE_NARGS];
+  size_t r, na = 0, m = 0;
+  int c;
+
+  *s = (osr__sql_stmt_t){.stmt = OSR__ST_B_UPDATE_AUDIT, .args = head, .nargs = NARGS};
+  if (k == 1) {
+    /* $20 says whether $21..$27 are an audit row. */
+    update_args(reqs[0], head);
+    head[UPDATE_NARGS] = A_INT(reqs[0]->u.bind.has_audit != 0);
+    for (c = 0; c < AUDIT_NARGS; c++)
+      head[UPDATE_NARGS + 1 + c] = A_TEXT(NULL);
+    if (reqs[0]->u.bind.has_audit)
+      audit_args(&reqs[0]->u.bind.ev, head + UPDATE_NARGS + 1);
+    return;
+  }
+  s->stmt = OSR__ST_B_UPDATE_ROWS_AUDIT;
+  cells = flush_take(f, UPDATE_NARGS * k);
+  for (r = 0; r < k; r++) {
+    update_args(reqs[r], a);
+    for (c = 0; c < UPDATE_NARGS; c++)
+      cells[(size_t)c * k + r] = a[c];
+    na += reqs[r]->u.bind.has_audit != 0;
+  }
+  for (c = 0; c < UPDATE_NARGS; c++)
+    flush_col(&head[c], cells, k, c);
+  /* The audit rows ($20 the id of the binding each belongs to, then
+   * AUDIT_INSERT's columns), in request order. */
+  audit = flush_take(f, (1 + AUDIT_NARGS) * na);
+  for (r = 0; r < k; r++) {
+    osr__sql_arg_t e[AUDIT_NARGS];
+    if (!reqs[r]->u.bind.has_audit)
+      continue;
+    audit[m] = A_TEXT(req_bind_id(reqs[r]));
+    audit_args(&reqs[r]->u.bind.ev, e);
+    for (c = 0; c < AUDIT_NARGS; c++)
+      audit[(size_t)(c + 1) * na + m] = e[c];
+    m++;
+  }
+  for (c = 0; c <= AUDIT_NARGS; c++)
+    flush_col(&head[UPDATE_NARGS + c], audit, na, c);
+}
+
+/* The batch's statements in f (f->cells allocated; the caller frees it), or
+ * 0 when the batch cannot go in one flush: a request other than a create or
+ * an update, more than OSR__STORE_FLUSH_MAX statements, or a backend
+ * without query_commit. */
+static int flush_plan(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n, flush_t *f)
+{
+  size_t i, k, nmeta = 0;
+  int m = 0;
+
+  f->n = 0;
+  f->cells = NULL;
+  if (be->query_commit == NULL || !be->array_params)
+    return 0;
+  for (i = 0; i < n; i += k) {
+    if ((reqs[i]->op != OP_CREATE && reqs[i]->op != OP_UPDATE) || m == OSR__STORE_FLUSH_MAX)
+      return 0;
+    k = rows_run(be, reqs + i, n - i);
+    f->first[m] = i;
+    f->count[m++] = k;
+  }
+  for (i = 0; i < n; i++)
+    nmeta += reqs[i]->op == OP_CREATE ? reqs[i]->u.bind.nmeta : 0;
+  f->cap = (size_t)m * FLUSH_ARGS + n * FLUSH_ARGS + 3 * nmeta;
+  f->cells = osr_xmalloc(f->cap * sizeof(*f->cells));
+  f->used = 0;
+  for (f->n = 0; f->n < m; f->n++) {
+    osr__req_t **run = reqs + f->first[f->n];
+    if (run[0]->op == OP_CREATE)
+      flush_creates(f, run, f->count[f->n]);
+    else
+      flush_updates(f, run, f->count[f->n]);
+  }
+  return m;
+}
+
+/* Run the planned batch and COMMIT in one round trip, then answer each
+ * request. The rows are durable (or, relaxed, committed) when this returns
+ * 0, as with a separate COMMIT. */
+static int tx_one_flush(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, flush_t *f,
+                        int *at_commit)
 {
   const osr__db_vtbl_t *be = st->be;
-  rows_t *t = rows_of(reqs, n, CREATE_NARGS, create_req_args);
-  unsigned char hit[OSR__STORE_ROWS_MAX];
+  unsigned char hit[OSR__STORE_BATCH_MAX];
   size_t i;
-  int rv;
+  int rv, s;
 
-  count_rows_stmt(st, n);
-  rv = rows_returning(be, db, OSR__ST_B_INSERT_ROWS, t, reqs, n, hit, at_commit);
-  osr_free(t);
+  for (s = 0; s < f->n; s++)
+    count_rows_stmt(st, f->count[s]);
+  rv = be->query_commit(db, f->stmts, f->n, at_commit);
   if (rv != 0) {
     if (rv != OSR_EUNAVAILABLE)
       be->exec(db, OSR__ST_ROLLBACK, NULL, NULL, 0, NULL);
     return rv;
   }
+  for (s = 0; rv == 0 && s < f->n; s++) {
+    be->query_pick(db, s);
+    rv = mark_hits(be, db, reqs + f->first[s], f->count[s], hit + f->first[s]);
+  }
+  be->query_end(db);
+  if (rv != 0)
+    return OSR_EUNAVAILABLE; /* committed, answers unknown: never replayed (*at_commit) */
   for (i = 0; i < n; i++) {
-    if (hit[i])
-      rv = create_written(be, db, reqs[i]); /* no metadata rows: nothing to run */
+    osr__req_t *r = reqs[i];
+    if (hit[i]) {
+      r->u.bind.created = r->op == OP_CREATE; /* metadata rows came with it */
+      r->status = 0;
+      continue;
+    }
+    if (!be->db_is_connected(db))
+      rv = OSR_EUNAVAILABLE;
     else
-      rv = be->db_is_connected(db) ? create_not_written(be, db, reqs[i]) : OSR_EUNAVAILABLE;
+      rv = r->op == OP_CREATE ? create_not_written(be, db, r) : update_missed(be, db, r);
     if (rv != 0) {
-      req_reset_out(reqs[i]);
-      reqs[i]->status = rv == OSR_EINVAL ? OSR_EINVAL : OSR_EUNAVAILABLE;
+      req_reset_out(r);
+      r->status = rv == OSR_EINVAL ? OSR_EINVAL : OSR_EUNAVAILABLE;
     }
   }
   return 0;
@@ -1645,8 +1814,14 @@ static int run_tx(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_t n, i
   if (rv != 0)
     return rv;
   atomic_fetch_add(&st->n_tx, 1);
-  if (is_insert_only(be, reqs, n))
-    return create_rows_commit(st, db, reqs, n, at_commit);
+  {
+    flush_t f;
+    if (flush_plan(be, reqs, n, &f) > 0) {
+      rv = tx_one_flush(st, db, reqs, n, &f, at_commit);
+      osr_free(f.cells);
+      return rv;
+    }
+  }
   for (i = 0; i < n; i += k) {
     k = rows_run(be, reqs + i, n - i);
     count_rows_stmt(st, k);

@@ -33,6 +33,9 @@
 /* Rows per multi-row statement (backends with array parameters): bounds the
  * array texts one statement carries, up to this many 64 KiB documents. */
 #define OSR__STORE_ROWS_MAX 64
+/* Statements one query_commit flush carries (a batch needing more takes the
+ * round trip per statement path). */
+#define OSR__STORE_FLUSH_MAX 64
 
 /* Internal status: a statement failed in a way that poisons the current
  * transaction (PostgreSQL aborts it; we treat SQLite the same) but says
@@ -67,6 +70,15 @@ typedef enum osr__stmt_e {
   OSR__ST_B_INSERT_ROWS,
   OSR__ST_B_UPDATE_ROWS,
   OSR__ST_AUDIT_INSERT_ROWS,
+  /* PostgreSQL only, one statement doing what two did, so that a
+   * transaction of them needs no answer before its COMMIT (store.c "one
+   * flush"): B_UPDATE_IF with the audit row of the update when it applied
+   * ($20 = 1), B_UPDATE_ROWS with the audit rows of the rows it changed,
+   * B_INSERT_ROWS with the metadata rows of the rows it wrote. Each
+   * returns the ids it wrote, like B_INSERT_ROWS. */
+  OSR__ST_B_UPDATE_AUDIT,
+  OSR__ST_B_UPDATE_ROWS_AUDIT,
+  OSR__ST_B_INSERT_ROWS_META,
   OSR__ST_COUNT
 } osr__stmt_t;
 
@@ -108,6 +120,14 @@ typedef struct osr__sql_arg_s {
 } osr__sql_arg_t;
 
 typedef struct osr__db_s osr__db_t;
+
+/** One statement of a query_commit flush: cached statement `stmt` with its
+ *  parameters (owned by the caller, read only during the call). */
+typedef struct osr__sql_stmt_s {
+  int stmt;
+  const osr__sql_arg_t *args;
+  int nargs;
+} osr__sql_stmt_t;
 
 typedef struct osr__db_vtbl_s {
   const char *name;       /* "sqlite" | "postgres" */
@@ -156,15 +176,20 @@ typedef struct osr__db_vtbl_s {
   /** Like exec, then rows are read with row_next/col_* until row_next
    *  returns 0 (end) or < 0 (error code as above); query_end always after. */
   int (*query)(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_t *args, int nargs);
-  /** Optional (NULL: not offered). Like query on cached statement `stmt`,
-   *  then COMMIT of the open transaction, in one round trip. On 0 the
-   *  transaction is committed and the statement's rows are read as after
-   *  query (query_end always after). *sent says whether COMMIT went out.
-   *  On an error the rows are gone: with OSR_EUNAVAILABLE and *sent the
-   *  commit's outcome is unknown (without *sent nothing was committed);
-   *  with any other code nothing was committed and the caller sends
+  /** Optional (NULL: not offered). Like query on each of the n (1 ..
+   *  OSR__STORE_FLUSH_MAX) cached statements in order, then COMMIT of the
+   *  open transaction, all in one round trip. On 0 the transaction is
+   *  committed and statement 0's rows are read as after query; query_pick
+   *  moves to another statement's rows (query_end always after, once).
+   *  *sent says whether COMMIT went out. On an error the rows are gone:
+   *  with OSR_EUNAVAILABLE and *sent the commit's outcome is unknown
+   *  (without *sent nothing was committed); with any other code (the first
+   *  failing statement's) nothing was committed and the caller sends
    *  ROLLBACK, as after a failed exec(COMMIT). */
-  int (*query_commit)(osr__db_t *db, int stmt, const osr__sql_arg_t *args, int nargs, int *sent);
+  int (*query_commit)(osr__db_t *db, const osr__sql_stmt_t *stmts, int n, int *sent);
+  /** After query_commit returned 0: statement i's rows become the ones
+   *  row_next reads, from the first. */
+  void (*query_pick)(osr__db_t *db, int i);
   int (*row_next)(osr__db_t *db);
   /** Text of column `col` of the current row; NULL for SQL NULL. */
   const char *(*col_text)(osr__db_t *db, int col);

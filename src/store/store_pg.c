@@ -72,6 +72,9 @@ typedef struct pg_db_s {
   unsigned char prepared[OSR__ST_COUNT];
   PGresult *res;          /* result being read by row_next */
   int row;
+  /* After pg_query_commit: every statement's result (res is one of them). */
+  PGresult *kept[OSR__STORE_FLUSH_MAX];
+  int nkept;
   /* Pipelining (see "Round trips" below): in libpq pipeline mode with
    * `pending` statements sent whose results are not read yet. */
   int pipe;
@@ -274,12 +277,24 @@ static int pg_has_reader(const osr_store_t *st)
   return 1;
 }
 
+/* Free the result being read and, after pg_query_commit, all of its
+ * statements' results (res is one of them then). */
+static void results_clear(pg_db_t *d)
+{
+  int i;
+  if (d->nkept == 0 && d->res != NULL)
+    PQclear(d->res);
+  for (i = 0; i < d->nkept; i++)
+    PQclear(d->kept[i]);
+  d->nkept = 0;
+  d->res = NULL;
+  d->row = -1;
+}
+
 static void pg_disconnect(osr__db_t *db)
 {
   pg_db_t *d = P(db);
-  if (d->res != NULL)
-    PQclear(d->res);
-  d->res = NULL;
+  results_clear(d);
   if (d->c != NULL)
     PQfinish(d->c);
   d->c = NULL;
@@ -389,20 +404,18 @@ static int pipe_enter(pg_db_t *d)
 }
 
 /* Sync and read every result sent since pipe_enter, in order, then leave
- * pipeline mode. The result in slot `keep` (0-based since pipe_enter; -1:
- * the last one) is handed to the caller in *last (which then owns it) when
- * `last` is not NULL and every result is a success; all others are only
- * checked. The first failure is what counts: results after it are
- * PGRES_PIPELINE_ABORTED (the server skipped them). A result missing where
- * one must be means the connection is gone. */
-static int pipe_collect(pg_db_t *d, int keep, PGresult **last)
+ * pipeline mode. The results in slots keep[0 .. nkeep-1] (0-based since
+ * pipe_enter, ascending) are handed to the caller in out[] (which then owns
+ * them) when every result is a success; all others are only checked. The
+ * first failure is what counts: results after it are PGRES_PIPELINE_ABORTED
+ * (the server skipped them). A result missing where one must be means the
+ * connection is gone. */
+static int pipe_collect_kept(pg_db_t *d, const int *keep, int nkeep, PGresult **out)
 {
-  int err = 0, i, n = d->pending;
+  int err = 0, i, j = 0, n = d->pending;
 
-  if (keep < 0)
-    keep = n - 1;
-  if (last != NULL)
-    *last = NULL;
+  for (i = 0; i < nkeep; i++)
+    out[i] = NULL;
   if (PQpipelineSync(d->c) != 1) {
     d->pipe = 0;
     d->pending = 0;
@@ -415,15 +428,17 @@ static int pipe_collect(pg_db_t *d, int keep, PGresult **last)
       break;
     }
     ExecStatusType st = PQresultStatus(res);
+    int kept = j < nkeep && keep[j] == i;
     if (d->slot_prep[i] >= 0 && st != PGRES_COMMAND_OK)
       d->prepared[d->slot_prep[i]] = 0; /* failed or skipped: not there */
-    if (i == keep && last != NULL && err == 0 && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)) {
-      *last = res;
+    if (kept && err == 0 && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)) {
+      out[j] = res;
     } else {
       if (err == 0 && st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
         err = st == PGRES_PIPELINE_ABORTED ? OSR__EDB : classify(d, res, "exec");
       PQclear(res);
     }
+    j += kept;
     /* Each statement's results end with a NULL. */
     while ((end = PQgetResult(d->c)) != NULL)
       PQclear(end);
@@ -438,11 +453,20 @@ static int pipe_collect(pg_db_t *d, int keep, PGresult **last)
     err = OSR_EUNAVAILABLE; /* the caller drops the connection */
   d->pipe = 0;
   d->pending = 0;
-  if (err != 0 && last != NULL && *last != NULL) {
-    PQclear(*last);
-    *last = NULL;
+  for (i = 0; err != 0 && i < nkeep; i++) {
+    PQclear(out[i]);
+    out[i] = NULL;
   }
   return err;
+}
+
+/* pipe_collect_kept keeping at most one result: slot `keep` (-1: the last
+ * one) in *last, unless `last` is NULL. */
+static int pipe_collect(pg_db_t *d, int keep, PGresult **last)
+{
+  int slot = keep < 0 ? d->pending - 1 : keep;
+  PGresult *unused;
+  return pipe_collect_kept(d, &slot, last != NULL ? 1 : 0, last != NULL ? last : &unused);
 }
 
 /* Send one statement into the pipeline (preparing it first if needed). */
@@ -463,7 +487,7 @@ static int pipe_send(pg_db_t *d, int stmt, const char *sql, int nargs, const cha
                                                : osr__stmt_sql[stmt];
     if (PQsendQueryParams(d->c, text, 0, NULL, NULL, NULL, NULL, 0) != 1)
       return OSR_EUNAVAILABLE;
-  } else if (stmt < 0 || stmt == OSR__ST_B_UPDATE_ROWS) {
+  } else if (stmt < 0 || stmt == OSR__ST_B_UPDATE_ROWS || stmt == OSR__ST_B_UPDATE_ROWS_AUDIT) {
     /* Planned at every execution, not prepared: the multi-row UPDATE is a
      * join, and a prepared statement's generic plan, made while the table
      * was small, joined by a sequential scan of bindings (hash join) and
@@ -630,21 +654,21 @@ static int pg_query(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg
   return 0;
 }
 
-/* The statement, then COMMIT, in one flush and one Sync: one round trip
- * where query and exec(COMMIT) take two. The statement's rows are read
- * after COMMIT's result; if the statement failed, the server skipped the
- * COMMIT (pipeline aborted), so nothing was committed and the error is the
- * statement's own, exactly as when the two are sent apart. */
-static int pg_query_commit(osr__db_t *db, int stmt, const osr__sql_arg_t *args, int nargs,
-                           int *sent)
+/* The statements, then COMMIT, in one flush and one Sync: one round trip
+ * where a query each and exec(COMMIT) take one each. The statements' rows
+ * are read after COMMIT's result; if one failed, the server skipped the
+ * rest and the COMMIT (pipeline aborted), so nothing was committed and the
+ * error is the failed statement's own, exactly as when they are sent apart. */
+static int pg_query_commit(osr__db_t *db, const osr__sql_stmt_t *stmts, int n, int *sent)
 {
   pg_db_t *d = P(db);
-  PGresult *res = NULL;
-  int err = 0, keep, i;
+  int keep[OSR__STORE_FLUSH_MAX];
+  int err = 0, i;
 
   *sent = 0;
-  d->res = NULL;
-  d->row = -1;
+  results_clear(d);
+  if (n < 1 || n > OSR__STORE_FLUSH_MAX)
+    return OSR__EDB;
   /* A connection the server closed while we were idle (a restart) says so
    * before we send: its FATAL message (which libpq takes as a notice) and
    * then the end of the stream are waiting to be read. Find that out now,
@@ -662,28 +686,37 @@ static int pg_query_commit(osr__db_t *db, int stmt, const osr__sql_arg_t *args, 
       return OSR_EUNAVAILABLE;
     }
   }
-  /* Room for Parse, Execute and COMMIT without an early collect (which
-   * would read and drop the statement's result). */
-  if (d->c != NULL && d->pipe && d->pending + 3 > PIPE_MAX)
+  /* Room for a Parse and an Execute each and COMMIT without an early
+   * collect (which would read and drop the statements' results). */
+  if (d->c != NULL && d->pipe && d->pending + 2 * n + 1 > PIPE_MAX)
     err = pipe_collect(d, -1, NULL);
-  if (err == 0)
-    run(d, stmt, NULL, args, nargs, 1, &err);
+  for (i = 0; err == 0 && i < n; i++) {
+    run(d, stmts[i].stmt, NULL, stmts[i].args, stmts[i].nargs, 1, &err);
+    keep[i] = d->pending - 1;
+  }
   if (err != 0) {
     if (err == OSR_EUNAVAILABLE)
       pg_disconnect(db);
     return err;
   }
-  keep = d->pending - 1;
   *sent = 1;
   err = pipe_send(d, OSR__ST_COMMIT, NULL, 0, NULL);
   if (err == 0)
-    err = pipe_collect(d, keep, &res);
+    err = pipe_collect_kept(d, keep, n, d->kept);
   if (err == OSR_EUNAVAILABLE)
     pg_disconnect(db);
   if (err != 0)
     return err;
-  d->res = res;
+  d->nkept = n;
+  d->res = d->kept[0];
   return 0;
+}
+
+static void pg_query_pick(osr__db_t *db, int i)
+{
+  pg_db_t *d = P(db);
+  d->res = i >= 0 && i < d->nkept ? d->kept[i] : NULL;
+  d->row = -1;
 }
 
 static int pg_row_next(osr__db_t *db)
@@ -711,11 +744,7 @@ static int64_t pg_col_int(osr__db_t *db, int col)
 
 static void pg_query_end(osr__db_t *db)
 {
-  pg_db_t *d = P(db);
-  if (d->res != NULL)
-    PQclear(d->res);
-  d->res = NULL;
-  d->row = -1;
+  results_clear(P(db));
 }
 
 static int pg_migrate_lock(osr__db_t *db)
@@ -744,6 +773,7 @@ const osr__db_vtbl_t osr__store_pg = {
   .exec = pg_exec,
   .query = pg_query,
   .query_commit = pg_query_commit,
+  .query_pick = pg_query_pick,
   .row_next = pg_row_next,
   .col_text = pg_col_text,
   .col_int = pg_col_int,
