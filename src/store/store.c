@@ -216,7 +216,7 @@ struct osr_store_s {
   uv_mutex_t migrate_mu;
   atomic_int migrated;
   atomic_llong circuit_until_ms;  /* monotonic ms; connect attempts wait until then */
-  atomic_ullong n_tx, n_req, n_rowstmt, n_rows, n_split; /* osr_store_stats */
+  atomic_ullong n_tx, n_req, n_rowstmt, n_rows, n_split, n_flush; /* osr_store_stats */
 };
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -1629,6 +1629,7 @@ static int tx_one_flush(osr_store_t *st, osr__db_t *db, osr__req_t **reqs, size_
   size_t i;
   int rv, s;
 
+  atomic_fetch_add(&st->n_flush, 1);
   for (s = 0; s < f->n; s++)
     count_rows_stmt(st, f->count[s]);
   rv = be->query_commit(db, f->stmts, f->n, at_commit);
@@ -2123,6 +2124,7 @@ int osr_store_open(uv_loop_t *loop, const char *url, osr_store_open_cb cb, void 
   atomic_init(&st->n_rowstmt, 0);
   atomic_init(&st->n_rows, 0);
   atomic_init(&st->n_split, 0);
+  atomic_init(&st->n_flush, 0);
   rv = uv_async_init(loop, &st->async, on_async);
   if (rv != 0) {
     uv_mutex_destroy(&st->mu);
@@ -2228,6 +2230,7 @@ void osr_store_stats(const osr_store_t *st, osr_store_stats_t *out)
   out->row_statements = atomic_load(&m->n_rowstmt);
   out->rows = atomic_load(&m->n_rows);
   out->split_batches = atomic_load(&m->n_split);
+  out->one_flush = atomic_load(&m->n_flush);
 }
 
 int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_binding_cb cb,

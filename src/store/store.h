@@ -276,6 +276,7 @@ typedef struct osr_store_stats_s {
   uint64_t row_statements;  /**< multi-row statements (creates or updates of one batch) */
   uint64_t rows;            /**< requests those statements carried */
   uint64_t split_batches;   /**< batches rolled back and rerun one request at a time */
+  uint64_t one_flush;       /**< transactions sent with their COMMIT in one round trip (PostgreSQL) */
 } osr_store_stats_t;
 void osr_store_stats(const osr_store_t *st, osr_store_stats_t *out);
 

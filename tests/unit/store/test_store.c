@@ -2052,6 +2052,177 @@ static void test_rows_batch(void **state)
   ctx_close(&c);
 }
 
+/* Relaxed binding updates queued in one loop turn, as the create path sends
+ * them. On PostgreSQL such a batch is BEGIN, its UPDATE ... RETURNING
+ * statements with their audit rows inside, and COMMIT in one flush
+ * (store.c "one flush"; stats.one_flush counts those transactions), and so
+ * is a batch of creates with metadata rows. Each request still gets its own
+ * answer: a lost compare-and-set (the second update of one row, which sees
+ * the first) is a conflict, an update of no row is not found, neither
+ * writes an audit row; two updates (one single-row statement each) go in
+ * one flush too; an audit row PostgreSQL refuses (not UTF-8) fails the
+ * flush, and after the rerun one request at a time only its own update is
+ * missing, binding and audit row alike. */
+static void test_binding_step_one_flush(void **state)
+{
+  enum { N = 6, NU = 6 };
+  ctx_t c;
+  char tenant[40];
+  osr_binding_t b[N], u;
+  osr_audit_event_t ev;
+  osr_store_update_opts_t o;
+  osr_store_stats_t s0, s1;
+  res_t r[N], ru[NU];
+  int i;
+  /* Turn 1: rows 0-3 apply, row 0 again loses, an unknown id. */
+  const int row1[NU] = {0, 1, 2, 3, 0, -1};
+  const int want1[NU] = {0, 0, 0, 0, OSR_ECONFLICT, OSR_ENOTFOUND};
+  (void)state;
+
+  uniq(tenant, sizeof(tenant), "t-flush-");
+  ctx_open(&c);
+  osr_store_stats(c.st, &s0);
+  for (i = 0; i < N; i++) {
+    mk_binding(&b[i], tenant, NULL, 1700000000000 + i);
+    if (i % 2 == 0)
+      b[i].metadata_json = osr_xstrdup("{\"team\":\"flush\"}");
+    memset(&r[i], 0, sizeof(r[i]));
+    assert_int_equal(osr_store_create_intent(c.st, &b[i], on_binding, &r[i]), 0);
+  }
+  for (i = 0; i < N; i++) {
+    wait_for(&c.loop, &r[i].done, 1);
+    assert_int_equal(r[i].status, 0);
+    assert_int_equal(r[i].created, 1);
+    res_free(&r[i]);
+  }
+  osr_store_stats(c.st, &s1);
+  if (g_pg) {
+    assert_int_equal(s1.transactions - s0.transactions, 1);
+    assert_int_equal(s1.one_flush - s0.one_flush, 1);
+  }
+  {
+    osr_store_query_t q;
+    const char *keys[] = {"team"}, *vals[] = {"flush"};
+    memset(&q, 0, sizeof(q));
+    q.tenant = tenant;
+    q.meta_keys = keys;
+    q.meta_values = vals;
+    q.nmeta = 1;
+    q.limit = 100;
+    sync_list(&c, &q, &r[0]);
+    assert_int_equal(r[0].status, 0);
+    assert_int_equal(r[0].n, N / 2);
+    res_free(&r[0]);
+  }
+
+  osr_store_stats(c.st, &s0);
+  for (i = 0; i < NU; i++) {
+    osr_binding_copy(&u, &b[row1[i] < 0 ? 0 : row1[i]]);
+    if (row1[i] < 0)
+      uniq(u.id, sizeof(u.id), "b");
+    u.state = OSR_BINDING_RUNNING;
+    u.updated_ms += 5;
+    snprintf(u.provider_id, sizeof(u.provider_id), "res-%d", i);
+    mk_event(&ev, tenant, "create", u.id);
+    memset(&o, 0, sizeof(o));
+    o.if_state = OSR_BINDING_CREATING;
+    o.audit = &ev;
+    o.relaxed = 1;
+    memset(&ru[i], 0, sizeof(ru[i]));
+    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
+    osr_binding_dispose(&u);
+  }
+  for (i = 0; i < NU; i++) {
+    wait_for(&c.loop, &ru[i].done, 1);
+    assert_int_equal(ru[i].status, want1[i]);
+  }
+  osr_store_stats(c.st, &s1);
+  if (g_pg) {
+    assert_int_equal(s1.transactions - s0.transactions, 1);
+    assert_int_equal(s1.one_flush - s0.one_flush, 1);
+    assert_int_equal(s1.split_batches, s0.split_batches);
+  }
+
+  /* Turn 2: two updates, each its own single-row statement. */
+  osr_store_stats(c.st, &s0);
+  for (i = 4; i < N; i++) {
+    osr_binding_copy(&u, &b[i]);
+    u.state = OSR_BINDING_RUNNING;
+    u.updated_ms += 5;
+    mk_event(&ev, tenant, "create", u.id);
+    memset(&o, 0, sizeof(o));
+    o.if_state = OSR_BINDING_CREATING;
+    o.audit = &ev;
+    o.relaxed = 1;
+    memset(&ru[i], 0, sizeof(ru[i]));
+    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
+    osr_binding_dispose(&u);
+  }
+  for (i = 4; i < N; i++) {
+    wait_for(&c.loop, &ru[i].done, 1);
+    assert_int_equal(ru[i].status, 0);
+  }
+  osr_store_stats(c.st, &s1);
+  if (g_pg) {
+    assert_int_equal(s1.transactions - s0.transactions, 1);
+    assert_int_equal(s1.one_flush - s0.one_flush, 1);
+  }
+
+  /* Turn 3: rows 4 and 5 end; row 5's audit row is not UTF-8. */
+  osr_store_stats(c.st, &s0);
+  for (i = 4; i < N; i++) {
+    osr_binding_copy(&u, &b[i]);
+    u.state = OSR_BINDING_ENDED;
+    u.updated_ms += 10;
+    u.ended_ms = u.updated_ms;
+    mk_event(&ev, tenant, "delete", u.id);
+    if (i == 5)
+      snprintf(ev.outcome, sizeof(ev.outcome), "bad-\xff\xfe");
+    memset(&o, 0, sizeof(o));
+    o.if_state = OSR_BINDING_RUNNING;
+    o.audit = &ev;
+    o.relaxed = 1;
+    memset(&ru[i], 0, sizeof(ru[i]));
+    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
+    osr_binding_dispose(&u);
+  }
+  for (i = 4; i < N; i++) {
+    wait_for(&c.loop, &ru[i].done, 1);
+    assert_int_equal(ru[i].status, i == 5 && g_pg ? OSR_EINVAL : 0);
+  }
+  osr_store_stats(c.st, &s1);
+  if (g_pg)
+    assert_int_equal(s1.split_batches - s0.split_batches, 1);
+
+  for (i = 0; i < N; i++) {
+    int st = i < 4 ? OSR_BINDING_RUNNING : i == 5 && g_pg ? OSR_BINDING_RUNNING : OSR_BINDING_ENDED;
+    sync_get(&c, tenant, b[i].id, &r[0]);
+    assert_int_equal(r[0].status, 0);
+    assert_int_equal(r[0].b.state, st);
+    if (i < 4) {
+      char want[32];
+      snprintf(want, sizeof(want), "res-%d", i);
+      assert_string_equal(r[0].b.provider_id, want); /* the first update, not the lost one */
+    }
+    res_free(&r[0]);
+  }
+  /* Audit: 4 + 2 + 2 rows, less the refused one on PostgreSQL, in request
+   * order (the list is newest first). */
+  memset(&r[0], 0, sizeof(r[0]));
+  assert_int_equal(osr_store_audit_list(c.st, tenant, NULL, 100, on_audit, &r[0]), 0);
+  wait_for(&c.loop, &r[0].done, 1);
+  assert_int_equal(r[0].status, 0);
+  assert_int_equal(r[0].n, g_pg ? 7 : 8);
+  for (i = 0; i < 4; i++)
+    assert_string_equal(r[0].evs[r[0].n - 1 - (size_t)i].sandbox_id, b[i].id);
+  assert_string_equal(r[0].evs[0].sandbox_id, b[g_pg ? 4 : 5].id);
+  assert_string_equal(r[0].evs[0].action, "delete");
+  res_free(&r[0]);
+  for (i = 0; i < N; i++)
+    osr_binding_dispose(&b[i]);
+  ctx_close(&c);
+}
+
 /* Background reads (osr_store_query_t.background, counts) run on a worker
  * and connection of their own: with the foreground writer stuck behind
  * another client's lock (PostgreSQL: an uncommitted row with the same
@@ -2152,6 +2323,7 @@ int main(int argc, char **argv)
     cmocka_unit_test(test_conditional_update_race),
     cmocka_unit_test(test_relaxed_update),
     cmocka_unit_test(test_rows_batch),
+    cmocka_unit_test(test_binding_step_one_flush),
     cmocka_unit_test(test_background_reads),
     cmocka_unit_test(test_idempotency),
     cmocka_unit_test(test_list),
