@@ -1477,6 +1477,15 @@ static void count_rows_stmt(osr_store_t *st, size_t k)
  * entry): the widest statements take 27 parameters. */
 #define FLUSH_ARGS 27
 
+/* Below this many rows a run of updates goes as single-row statements: in
+ * one flush they cost no round trip each, and the multi-row UPDATE is
+ * planned at every execution (store_pg.c). create_tail at C = 10 (runs of
+ * 3-5): the update transaction's median 596 and 709 us with single-row
+ * statements against 1,422 and 1,053 us with the multi-row one (bench/README
+ * "binding step in one round trip"). Larger runs (C = 100) keep the one
+ * statement, whose saving in server CPU was measured there. */
+#define FLUSH_UPDATE_ROWS_MIN 16
+
 typedef struct flush_s {
   osr__sql_stmt_t stmts[OSR__STORE_FLUSH_MAX];
   size_t first[OSR__STORE_FLUSH_MAX]; /* the statement's requests: reqs[first .. first+count) */
@@ -1600,6 +1609,8 @@ static int flush_plan(const osr__db_vtbl_t *be, osr__req_t **reqs, size_t n, flu
     if ((reqs[i]->op != OP_CREATE && reqs[i]->op != OP_UPDATE) || m == OSR__STORE_FLUSH_MAX)
       return 0;
     k = rows_run(be, reqs + i, n - i);
+    if (reqs[i]->op == OP_UPDATE && k < FLUSH_UPDATE_ROWS_MIN)
+      k = 1;
     f->first[m] = i;
     f->count[m++] = k;
   }

@@ -1890,7 +1890,9 @@ static void test_relaxed_update(void **state)
 #define ODD "q\"b\\s{c},NULL 'x' \xc3\xa9"
 static void test_rows_batch(void **state)
 {
-  enum { NK = 10, ND = 3, NC = NK + ND + 1, NU = 10 };
+  /* NU >= 16 (store.c FLUSH_UPDATE_ROWS_MIN): the updates' first run is one
+   * multi-row statement on PostgreSQL. */
+  enum { NK = 20, ND = 3, NC = NK + ND + 1, NU = 20 };
   ctx_t c;
   char tenant[40];
   osr_binding_t b[NC], u[NU + 1];
@@ -1983,7 +1985,7 @@ static void test_rows_batch(void **state)
 
   /* One loop turn of updates: 0-5 apply (CAS on creating), 6 asks for the
    * wrong state, 7 names no row, 8 twice (the second sees the first's
-   * state), 9 carries bytes that are not UTF-8. */
+   * state), 9 carries bytes that are not UTF-8, 10-19 apply. */
   osr_store_stats(c.st, &s0);
   for (i = 0; i <= NU; i++) {
     int row = i == NU ? 8 : i;
@@ -2065,14 +2067,14 @@ static void test_rows_batch(void **state)
  * missing, binding and audit row alike. */
 static void test_binding_step_one_flush(void **state)
 {
-  enum { N = 6, NU = 6 };
+  enum { N = 24, NU = 6, NM = 18 /* >= FLUSH_UPDATE_ROWS_MIN */ };
   ctx_t c;
   char tenant[40];
   osr_binding_t b[N], u;
   osr_audit_event_t ev;
   osr_store_update_opts_t o;
   osr_store_stats_t s0, s1;
-  res_t r[N], ru[NU];
+  res_t r[N], ru[NU], rm[NM];
   int i;
   /* Turn 1: rows 0-3 apply, row 0 again loses, an unknown id. */
   const int row1[NU] = {0, 1, 2, 3, 0, -1};
@@ -2145,7 +2147,7 @@ static void test_binding_step_one_flush(void **state)
 
   /* Turn 2: two updates, each its own single-row statement. */
   osr_store_stats(c.st, &s0);
-  for (i = 4; i < N; i++) {
+  for (i = 4; i < 6; i++) {
     osr_binding_copy(&u, &b[i]);
     u.state = OSR_BINDING_RUNNING;
     u.updated_ms += 5;
@@ -2158,7 +2160,7 @@ static void test_binding_step_one_flush(void **state)
     assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
     osr_binding_dispose(&u);
   }
-  for (i = 4; i < N; i++) {
+  for (i = 4; i < 6; i++) {
     wait_for(&c.loop, &ru[i].done, 1);
     assert_int_equal(ru[i].status, 0);
   }
@@ -2170,7 +2172,7 @@ static void test_binding_step_one_flush(void **state)
 
   /* Turn 3: rows 4 and 5 end; row 5's audit row is not UTF-8. */
   osr_store_stats(c.st, &s0);
-  for (i = 4; i < N; i++) {
+  for (i = 4; i < 6; i++) {
     osr_binding_copy(&u, &b[i]);
     u.state = OSR_BINDING_ENDED;
     u.updated_ms += 10;
@@ -2186,7 +2188,7 @@ static void test_binding_step_one_flush(void **state)
     assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
     osr_binding_dispose(&u);
   }
-  for (i = 4; i < N; i++) {
+  for (i = 4; i < 6; i++) {
     wait_for(&c.loop, &ru[i].done, 1);
     assert_int_equal(ru[i].status, i == 5 && g_pg ? OSR_EINVAL : 0);
   }
@@ -2194,29 +2196,65 @@ static void test_binding_step_one_flush(void **state)
   if (g_pg)
     assert_int_equal(s1.split_batches - s0.split_batches, 1);
 
+  /* Turn 4: NM updates of distinct rows, one multi-row statement, with
+   * values an array literal must quote. */
+  osr_store_stats(c.st, &s0);
+  for (i = 0; i < NM; i++) {
+    osr_binding_copy(&u, &b[N - NM + i]);
+    u.state = OSR_BINDING_RUNNING;
+    u.updated_ms += 5;
+    snprintf(u.provider_id, sizeof(u.provider_id), "m-%d-" ODD, i);
+    mk_event(&ev, tenant, "create", u.id);
+    ev.detail_json = (char *)"{\"s\":\"" ODD "\"}";
+    memset(&o, 0, sizeof(o));
+    o.if_state = OSR_BINDING_CREATING;
+    o.audit = &ev;
+    o.relaxed = 1;
+    memset(&rm[i], 0, sizeof(rm[i]));
+    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &rm[i]), 0);
+    osr_binding_dispose(&u);
+  }
+  for (i = 0; i < NM; i++) {
+    wait_for(&c.loop, &rm[i].done, 1);
+    assert_int_equal(rm[i].status, 0);
+  }
+  osr_store_stats(c.st, &s1);
+  if (g_pg) {
+    assert_int_equal(s1.one_flush - s0.one_flush, 1);
+    assert_int_equal(s1.row_statements - s0.row_statements, 1);
+    assert_int_equal(s1.rows - s0.rows, NM);
+  }
+
   for (i = 0; i < N; i++) {
-    int st = i < 4 ? OSR_BINDING_RUNNING : i == 5 && g_pg ? OSR_BINDING_RUNNING : OSR_BINDING_ENDED;
+    int st = i < 4 || i >= N - NM || (i == 5 && g_pg) ? OSR_BINDING_RUNNING : OSR_BINDING_ENDED;
+    char want[64];
     sync_get(&c, tenant, b[i].id, &r[0]);
     assert_int_equal(r[0].status, 0);
     assert_int_equal(r[0].b.state, st);
     if (i < 4) {
-      char want[32];
       snprintf(want, sizeof(want), "res-%d", i);
       assert_string_equal(r[0].b.provider_id, want); /* the first update, not the lost one */
+    } else if (i >= N - NM) {
+      snprintf(want, sizeof(want), "m-%d-" ODD, i - (N - NM));
+      assert_string_equal(r[0].b.provider_id, want);
     }
     res_free(&r[0]);
   }
-  /* Audit: 4 + 2 + 2 rows, less the refused one on PostgreSQL, in request
-   * order (the list is newest first). */
+  /* Audit: 4 + 2 + 2 + NM rows, less the refused one on PostgreSQL, in
+   * request order (the list is newest first). */
   memset(&r[0], 0, sizeof(r[0]));
   assert_int_equal(osr_store_audit_list(c.st, tenant, NULL, 100, on_audit, &r[0]), 0);
   wait_for(&c.loop, &r[0].done, 1);
   assert_int_equal(r[0].status, 0);
-  assert_int_equal(r[0].n, g_pg ? 7 : 8);
+  assert_int_equal(r[0].n, (g_pg ? 7 : 8) + NM);
   for (i = 0; i < 4; i++)
     assert_string_equal(r[0].evs[r[0].n - 1 - (size_t)i].sandbox_id, b[i].id);
-  assert_string_equal(r[0].evs[0].sandbox_id, b[g_pg ? 4 : 5].id);
-  assert_string_equal(r[0].evs[0].action, "delete");
+  for (i = 0; i < NM; i++) {
+    assert_string_equal(r[0].evs[NM - 1 - i].sandbox_id, b[N - NM + i].id);
+    assert_string_equal(r[0].evs[NM - 1 - i].detail_json, "{\"s\":\"" ODD "\"}");
+  }
+  assert_string_equal(r[0].evs[NM].sandbox_id, b[g_pg ? 4 : 5].id);
+  assert_string_equal(r[0].evs[NM].action, "delete");
   res_free(&r[0]);
   for (i = 0; i < N; i++)
     osr_binding_dispose(&b[i]);
