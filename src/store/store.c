@@ -1479,12 +1479,13 @@ static void count_rows_stmt(osr_store_t *st, size_t k)
 
 /* Below this many rows a run of updates goes as single-row statements: in
  * one flush they cost no round trip each, and the multi-row UPDATE is
- * planned at every execution (store_pg.c). create_tail at C = 10 (runs of
- * 3-5): the update transaction's median 596 and 709 us with single-row
- * statements against 1,422 and 1,053 us with the multi-row one (bench/README
- * "binding step in one round trip"). Larger runs (C = 100) keep the one
- * statement, whose saving in server CPU was measured there. */
-#define FLUSH_UPDATE_ROWS_MIN 16
+ * planned at every execution (store_pg.c). Server CPU per row, k prepared
+ * single-row statements against one multi-row statement of k rows (bench/
+ * README "binding step in one round trip"): k = 2 72 / 210 us, 4 58 / 110,
+ * 8 60-65 / 60-95, 12 88 / 78, 16 90 / 65, 32 88 / 55. At C = 10 (runs of
+ * 3-5) create_tail's update transaction took a median 596 and 709 us with
+ * single-row statements against 1,422 and 1,053 us with the multi-row one. */
+#define FLUSH_UPDATE_ROWS_MIN 12
 
 typedef struct flush_s {
   osr__sql_stmt_t stmts[OSR__STORE_FLUSH_MAX];

@@ -1890,7 +1890,7 @@ static void test_relaxed_update(void **state)
 #define ODD "q\"b\\s{c},NULL 'x' \xc3\xa9"
 static void test_rows_batch(void **state)
 {
-  /* NU >= 16 (store.c FLUSH_UPDATE_ROWS_MIN): the updates' first run is one
+  /* NU >= 12 (store.c FLUSH_UPDATE_ROWS_MIN): the updates' first run is one
    * multi-row statement on PostgreSQL. */
   enum { NK = 20, ND = 3, NC = NK + ND + 1, NU = 20 };
   ctx_t c;
