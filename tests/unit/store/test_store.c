@@ -1877,6 +1877,72 @@ static void test_relaxed_update(void **state)
   ctx_close(&c);
 }
 
+/* How many of the tenant's bindings a metadata filter k=v finds. */
+static size_t count_meta(ctx_t *c, const char *tenant, const char *k, const char *v)
+{
+  osr_store_query_t q;
+  const char *keys[] = {k}, *vals[] = {v};
+  res_t r;
+  size_t n;
+
+  memset(&q, 0, sizeof(q));
+  q.tenant = tenant;
+  q.meta_keys = keys;
+  q.meta_values = vals;
+  q.nmeta = 1;
+  q.limit = 100;
+  sync_list(c, &q, &r);
+  assert_int_equal(r.status, 0);
+  n = r.n;
+  res_free(&r);
+  return n;
+}
+
+/* Queue a relaxed compare-and-set of u (from state if_state) with an audit
+ * row `action` naming u, its outcome `outcome` unless NULL ("ok"); the
+ * answer goes to r. */
+static void queue_cas(ctx_t *c, const osr_binding_t *u, osr_binding_state_t if_state, const char *action,
+                      const char *outcome, const char *detail, res_t *r)
+{
+  osr_audit_event_t ev;
+  osr_store_update_opts_t o;
+
+  mk_event(&ev, u->tenant, action, u->id);
+  if (outcome != NULL)
+    snprintf(ev.outcome, sizeof(ev.outcome), "%s", outcome);
+  if (detail != NULL)
+    ev.detail_json = (char *)detail;
+  memset(&o, 0, sizeof(o));
+  o.if_state = if_state;
+  o.audit = &ev;
+  o.relaxed = 1;
+  memset(r, 0, sizeof(*r));
+  assert_int_equal(osr_store_update_ex(c->st, u, &o, on_done, r), 0);
+}
+
+/* Wait for answers r[0..n-1], each wanted status want[i] (NULL: all 0). */
+static void wait_statuses(ctx_t *c, res_t *r, size_t n, const int *want)
+{
+  size_t i;
+  for (i = 0; i < n; i++) {
+    wait_for(&c->loop, &r[i].done, 1);
+    assert_int_equal(r[i].status, want != NULL ? want[i] : 0);
+  }
+}
+
+/* What one loop turn cost in transactions: on PostgreSQL exactly one, in
+ * one flush (stats.one_flush), after `s0`. */
+static void assert_one_flush(ctx_t *c, const osr_store_stats_t *s0)
+{
+  osr_store_stats_t s1;
+  osr_store_stats(c->st, &s1);
+  if (g_pg) {
+    assert_int_equal(s1.transactions - s0->transactions, 1);
+    assert_int_equal(s1.one_flush - s0->one_flush, 1);
+    assert_int_equal(s1.split_batches, s0->split_batches);
+  }
+}
+
 /* Requests queued in one loop turn run in one transaction; on PostgreSQL
  * the batch's consecutive creates go to the server as one multi-row INSERT
  * and its binding updates as one multi-row UPDATE (store.c, "many rows in
@@ -1968,20 +2034,7 @@ static void test_rows_batch(void **state)
     res_free(&r[i]);
   assert_int_equal(r[NC - 1].status, OSR_ECONFLICT);
   /* The metadata rows were written: a filter finds exactly the even ones. */
-  {
-    osr_store_query_t q;
-    const char *keys[] = {"team"}, *vals[] = {"x,y"};
-    memset(&q, 0, sizeof(q));
-    q.tenant = tenant;
-    q.meta_keys = keys;
-    q.meta_values = vals;
-    q.nmeta = 1;
-    q.limit = 100;
-    sync_list(&c, &q, &r[0]);
-    assert_int_equal(r[0].status, 0);
-    assert_int_equal(r[0].n, (NK + 1) / 2);
-    res_free(&r[0]);
-  }
+  assert_int_equal(count_meta(&c, tenant, "team", "x,y"), (NK + 1) / 2);
 
   /* One loop turn of updates: 0-5 apply (CAS on creating), 6 asks for the
    * wrong state, 7 names no row, 8 twice (the second sees the first's
@@ -2061,24 +2114,25 @@ static void test_rows_batch(void **state)
  * is a batch of creates with metadata rows. Each request still gets its own
  * answer: a lost compare-and-set (the second update of one row, which sees
  * the first) is a conflict, an update of no row is not found, neither
- * writes an audit row; two updates (one single-row statement each) go in
+ * writes an audit row; two updates (one single-row statement each) and a
+ * long run (one multi-row statement, values an array literal quotes) go in
  * one flush too; an audit row PostgreSQL refuses (not UTF-8) fails the
  * flush, and after the rerun one request at a time only its own update is
  * missing, binding and audit row alike. */
 static void test_binding_step_one_flush(void **state)
 {
   enum { N = 24, NU = 6, NM = 18 /* >= FLUSH_UPDATE_ROWS_MIN */ };
+  static const char detail[] = "{\"s\":\"" ODD "\"}";
   ctx_t c;
-  char tenant[40];
+  char tenant[40], want[64];
   osr_binding_t b[N], u;
-  osr_audit_event_t ev;
-  osr_store_update_opts_t o;
   osr_store_stats_t s0, s1;
   res_t r[N], ru[NU], rm[NM];
   int i;
   /* Turn 1: rows 0-3 apply, row 0 again loses, an unknown id. */
   const int row1[NU] = {0, 1, 2, 3, 0, -1};
   const int want1[NU] = {0, 0, 0, 0, OSR_ECONFLICT, OSR_ENOTFOUND};
+  const int want3[2] = {0, OSR_EINVAL};
   (void)state;
 
   uniq(tenant, sizeof(tenant), "t-flush-");
@@ -2097,25 +2151,8 @@ static void test_binding_step_one_flush(void **state)
     assert_int_equal(r[i].created, 1);
     res_free(&r[i]);
   }
-  osr_store_stats(c.st, &s1);
-  if (g_pg) {
-    assert_int_equal(s1.transactions - s0.transactions, 1);
-    assert_int_equal(s1.one_flush - s0.one_flush, 1);
-  }
-  {
-    osr_store_query_t q;
-    const char *keys[] = {"team"}, *vals[] = {"flush"};
-    memset(&q, 0, sizeof(q));
-    q.tenant = tenant;
-    q.meta_keys = keys;
-    q.meta_values = vals;
-    q.nmeta = 1;
-    q.limit = 100;
-    sync_list(&c, &q, &r[0]);
-    assert_int_equal(r[0].status, 0);
-    assert_int_equal(r[0].n, N / 2);
-    res_free(&r[0]);
-  }
+  assert_one_flush(&c, &s0);
+  assert_int_equal(count_meta(&c, tenant, "team", "flush"), N / 2);
 
   osr_store_stats(c.st, &s0);
   for (i = 0; i < NU; i++) {
@@ -2125,109 +2162,59 @@ static void test_binding_step_one_flush(void **state)
     u.state = OSR_BINDING_RUNNING;
     u.updated_ms += 5;
     snprintf(u.provider_id, sizeof(u.provider_id), "res-%d", i);
-    mk_event(&ev, tenant, "create", u.id);
-    memset(&o, 0, sizeof(o));
-    o.if_state = OSR_BINDING_CREATING;
-    o.audit = &ev;
-    o.relaxed = 1;
-    memset(&ru[i], 0, sizeof(ru[i]));
-    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
+    queue_cas(&c, &u, OSR_BINDING_CREATING, "create", NULL, NULL, &ru[i]);
     osr_binding_dispose(&u);
   }
-  for (i = 0; i < NU; i++) {
-    wait_for(&c.loop, &ru[i].done, 1);
-    assert_int_equal(ru[i].status, want1[i]);
-  }
-  osr_store_stats(c.st, &s1);
-  if (g_pg) {
-    assert_int_equal(s1.transactions - s0.transactions, 1);
-    assert_int_equal(s1.one_flush - s0.one_flush, 1);
-    assert_int_equal(s1.split_batches, s0.split_batches);
-  }
+  wait_statuses(&c, ru, NU, want1);
+  assert_one_flush(&c, &s0);
 
-  /* Turn 2: two updates, each its own single-row statement. */
+  /* Turn 2: rows 4 and 5, one single-row statement each. */
   osr_store_stats(c.st, &s0);
-  for (i = 4; i < 6; i++) {
-    osr_binding_copy(&u, &b[i]);
+  for (i = 0; i < 2; i++) {
+    osr_binding_copy(&u, &b[4 + i]);
     u.state = OSR_BINDING_RUNNING;
     u.updated_ms += 5;
-    mk_event(&ev, tenant, "create", u.id);
-    memset(&o, 0, sizeof(o));
-    o.if_state = OSR_BINDING_CREATING;
-    o.audit = &ev;
-    o.relaxed = 1;
-    memset(&ru[i], 0, sizeof(ru[i]));
-    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
+    queue_cas(&c, &u, OSR_BINDING_CREATING, "create", NULL, NULL, &ru[i]);
     osr_binding_dispose(&u);
   }
-  for (i = 4; i < 6; i++) {
-    wait_for(&c.loop, &ru[i].done, 1);
-    assert_int_equal(ru[i].status, 0);
-  }
-  osr_store_stats(c.st, &s1);
-  if (g_pg) {
-    assert_int_equal(s1.transactions - s0.transactions, 1);
-    assert_int_equal(s1.one_flush - s0.one_flush, 1);
-  }
+  wait_statuses(&c, ru, 2, NULL);
+  assert_one_flush(&c, &s0);
 
   /* Turn 3: rows 4 and 5 end; row 5's audit row is not UTF-8. */
   osr_store_stats(c.st, &s0);
-  for (i = 4; i < 6; i++) {
-    osr_binding_copy(&u, &b[i]);
+  for (i = 0; i < 2; i++) {
+    osr_binding_copy(&u, &b[4 + i]);
     u.state = OSR_BINDING_ENDED;
     u.updated_ms += 10;
     u.ended_ms = u.updated_ms;
-    mk_event(&ev, tenant, "delete", u.id);
-    if (i == 5)
-      snprintf(ev.outcome, sizeof(ev.outcome), "bad-\xff\xfe");
-    memset(&o, 0, sizeof(o));
-    o.if_state = OSR_BINDING_RUNNING;
-    o.audit = &ev;
-    o.relaxed = 1;
-    memset(&ru[i], 0, sizeof(ru[i]));
-    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &ru[i]), 0);
+    queue_cas(&c, &u, OSR_BINDING_RUNNING, "delete", i == 1 ? "bad-\xff\xfe" : NULL, NULL, &ru[i]);
     osr_binding_dispose(&u);
   }
-  for (i = 4; i < 6; i++) {
-    wait_for(&c.loop, &ru[i].done, 1);
-    assert_int_equal(ru[i].status, i == 5 && g_pg ? OSR_EINVAL : 0);
-  }
+  wait_statuses(&c, ru, 2, g_pg ? want3 : NULL);
   osr_store_stats(c.st, &s1);
   if (g_pg)
     assert_int_equal(s1.split_batches - s0.split_batches, 1);
 
-  /* Turn 4: NM updates of distinct rows, one multi-row statement, with
-   * values an array literal must quote. */
+  /* Turn 4: NM updates of distinct rows, one multi-row statement. */
   osr_store_stats(c.st, &s0);
   for (i = 0; i < NM; i++) {
     osr_binding_copy(&u, &b[N - NM + i]);
     u.state = OSR_BINDING_RUNNING;
     u.updated_ms += 5;
     snprintf(u.provider_id, sizeof(u.provider_id), "m-%d-" ODD, i);
-    mk_event(&ev, tenant, "create", u.id);
-    ev.detail_json = (char *)"{\"s\":\"" ODD "\"}";
-    memset(&o, 0, sizeof(o));
-    o.if_state = OSR_BINDING_CREATING;
-    o.audit = &ev;
-    o.relaxed = 1;
-    memset(&rm[i], 0, sizeof(rm[i]));
-    assert_int_equal(osr_store_update_ex(c.st, &u, &o, on_done, &rm[i]), 0);
+    queue_cas(&c, &u, OSR_BINDING_CREATING, "create", NULL, detail, &rm[i]);
     osr_binding_dispose(&u);
   }
-  for (i = 0; i < NM; i++) {
-    wait_for(&c.loop, &rm[i].done, 1);
-    assert_int_equal(rm[i].status, 0);
-  }
+  wait_statuses(&c, rm, NM, NULL);
+  assert_one_flush(&c, &s0);
   osr_store_stats(c.st, &s1);
   if (g_pg) {
-    assert_int_equal(s1.one_flush - s0.one_flush, 1);
     assert_int_equal(s1.row_statements - s0.row_statements, 1);
     assert_int_equal(s1.rows - s0.rows, NM);
   }
 
   for (i = 0; i < N; i++) {
     int st = i < 4 || i >= N - NM || (i == 5 && g_pg) ? OSR_BINDING_RUNNING : OSR_BINDING_ENDED;
-    char want[64];
     sync_get(&c, tenant, b[i].id, &r[0]);
     assert_int_equal(r[0].status, 0);
     assert_int_equal(r[0].b.state, st);
@@ -2251,7 +2238,7 @@ static void test_binding_step_one_flush(void **state)
     assert_string_equal(r[0].evs[r[0].n - 1 - (size_t)i].sandbox_id, b[i].id);
   for (i = 0; i < NM; i++) {
     assert_string_equal(r[0].evs[NM - 1 - i].sandbox_id, b[N - NM + i].id);
-    assert_string_equal(r[0].evs[NM - 1 - i].detail_json, "{\"s\":\"" ODD "\"}");
+    assert_string_equal(r[0].evs[NM - 1 - i].detail_json, detail);
   }
   assert_string_equal(r[0].evs[NM].sandbox_id, b[g_pg ? 4 : 5].id);
   assert_string_equal(r[0].evs[NM].action, "delete");
