@@ -131,8 +131,9 @@ const char *const osr__stmt_sql[OSR__ST_COUNT] = {
   /* PostgreSQL only: the statement and the rows that ride with it as one
    * statement (data-modifying WITH; the outer SELECT names the rows the
    * first part wrote), so a transaction of them needs no answer before its
-   * COMMIT (store.c "one flush"). The second part reads the first's
-   * RETURNING, so it writes exactly the rows whose binding it describes. */
+   * COMMIT (store.c "a transaction in one flush"). The second part reads
+   * the first's RETURNING, so it writes exactly the rows whose binding it
+   * describes. */
   [OSR__ST_B_UPDATE_AUDIT] =
     "WITH u AS (" B_UPDATE_IF_SQL " RETURNING id), a AS (INSERT INTO audit (at_ms, tenant, actor, "
     "action, sandbox_id, outcome, detail_json) SELECT CAST($21 AS BIGINT), CAST($22 AS TEXT), "

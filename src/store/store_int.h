@@ -71,11 +71,11 @@ typedef enum osr__stmt_e {
   OSR__ST_B_UPDATE_ROWS,
   OSR__ST_AUDIT_INSERT_ROWS,
   /* PostgreSQL only, one statement doing what two did, so that a
-   * transaction of them needs no answer before its COMMIT (store.c "one
-   * flush"): B_UPDATE_IF with the audit row of the update when it applied
-   * ($20 = 1), B_UPDATE_ROWS with the audit rows of the rows it changed,
-   * B_INSERT_ROWS with the metadata rows of the rows it wrote. Each
-   * returns the ids it wrote, like B_INSERT_ROWS. */
+   * transaction of them needs no answer before its COMMIT (store.c "a
+   * transaction in one flush"): B_UPDATE_IF with the audit row of the
+   * update when it applied ($20 = 1), B_UPDATE_ROWS with the audit rows of
+   * the rows it changed, B_INSERT_ROWS with the metadata rows of the rows
+   * it wrote. Each returns the ids it wrote, like B_INSERT_ROWS. */
   OSR__ST_B_UPDATE_AUDIT,
   OSR__ST_B_UPDATE_ROWS_AUDIT,
   OSR__ST_B_INSERT_ROWS_META,

@@ -25,11 +25,13 @@
  * every cached statement run without asking for its row count: the audit
  * insert, metadata rows) is sent in libpq pipeline mode and not waited for;
  * the next statement that needs an answer (or COMMIT) sends itself after
- * them, then one Sync collects every result in order. So a create's update
- * step (BEGIN, UPDATE, audit INSERT, COMMIT) costs two round trips instead
- * of four. A transaction that is one statement whose rows are read only
- * after it commits (a batch of creates: BEGIN, INSERT ... RETURNING,
- * COMMIT) goes in one flush and costs one round trip (pg_query_commit).
+ * them, then one Sync collects every result in order. A transaction whose
+ * statements' rows are read only after it commits (a batch of a create's
+ * intents, BEGIN, INSERT ... RETURNING, COMMIT; or of its binding updates,
+ * BEGIN, UPDATE ... RETURNING with the audit row inside, COMMIT: store.c "a
+ * transaction in one flush") goes in one flush and costs one round trip
+ * (pg_query_commit); any other costs one per statement whose answer is
+ * needed, plus the COMMIT.
  * An error in a deferred statement surfaces at that collection; the
  * server has then skipped everything after it up to the Sync (COMMIT
  * included), so nothing was committed and the store core's per-request

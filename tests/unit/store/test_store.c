@@ -2110,8 +2110,8 @@ static void test_rows_batch(void **state)
 /* Relaxed binding updates queued in one loop turn, as the create path sends
  * them. On PostgreSQL such a batch is BEGIN, its UPDATE ... RETURNING
  * statements with their audit rows inside, and COMMIT in one flush
- * (store.c "one flush"; stats.one_flush counts those transactions), and so
- * is a batch of creates with metadata rows. Each request still gets its own
+ * (store.c "a transaction in one flush"; stats.one_flush counts those
+ * transactions), and so is a batch of creates with metadata rows. Each request still gets its own
  * answer: a lost compare-and-set (the second update of one row, which sees
  * the first) is a conflict, an update of no row is not found, neither
  * writes an audit row; two updates (one single-row statement each) and a
