@@ -217,6 +217,7 @@ struct osr_store_s {
   atomic_int migrated;
   atomic_llong circuit_until_ms;  /* monotonic ms; connect attempts wait until then */
   atomic_ullong n_tx, n_req, n_rowstmt, n_rows, n_split, n_flush; /* osr_store_stats */
+  atomic_ullong n_wal_restart, n_wal_miss;                /* osr__store_count */
 };
 
 /* ---- small helpers ------------------------------------------------------------ */
@@ -2137,6 +2138,8 @@ int osr_store_open(uv_loop_t *loop, const char *url, osr_store_open_cb cb, void 
   atomic_init(&st->n_rows, 0);
   atomic_init(&st->n_split, 0);
   atomic_init(&st->n_flush, 0);
+  atomic_init(&st->n_wal_restart, 0);
+  atomic_init(&st->n_wal_miss, 0);
   rv = uv_async_init(loop, &st->async, on_async);
   if (rv != 0) {
     uv_mutex_destroy(&st->mu);
@@ -2243,6 +2246,13 @@ void osr_store_stats(const osr_store_t *st, osr_store_stats_t *out)
   out->rows = atomic_load(&m->n_rows);
   out->split_batches = atomic_load(&m->n_split);
   out->one_flush = atomic_load(&m->n_flush);
+  out->wal_restarts = atomic_load(&m->n_wal_restart);
+  out->wal_restart_misses = atomic_load(&m->n_wal_miss);
+}
+
+void osr__store_count(osr_store_t *st, osr__store_ev_t ev)
+{
+  atomic_fetch_add(ev == OSR__EV_WAL_RESTART ? &st->n_wal_restart : &st->n_wal_miss, 1);
 }
 
 int osr_store_create_intent(osr_store_t *st, const osr_binding_t *b, osr_store_binding_cb cb,

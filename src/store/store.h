@@ -277,6 +277,11 @@ typedef struct osr_store_stats_s {
   uint64_t rows;            /**< requests those statements carried */
   uint64_t split_batches;   /**< batches rolled back and rerun one request at a time */
   uint64_t one_flush;       /**< transactions sent with their COMMIT in one round trip (PostgreSQL) */
+  uint64_t wal_restarts;    /**< SQLite: times the WAL started over from its first frame */
+  /** SQLite: the writer's copies before a start-over of the WAL (docs/gateway.md "SQLite
+   *  checkpoints") after which the WAL did not start over, because a reader's snapshot
+   *  still used it; each one stalled the store queue for nothing. */
+  uint64_t wal_restart_misses;
 } osr_store_stats_t;
 void osr_store_stats(const osr_store_t *st, osr_store_stats_t *out);
 

@@ -210,11 +210,19 @@ typedef struct osr__store_cfg_s {
   int sync_full;       /* sqlite ?sync=full */
   int pool;            /* worker threads / connections */
   int strict_bindings; /* postgres ?binding_commit=sync: never relax a commit */
+  /* The backend's state shared by the store's connections (SQLite: the
+   * writer and the background reader), or NULL: made by configure, freed by
+   * unconfigure. */
+  void *be_shared;
 } osr__store_cfg_t;
 
 /** The store's shared state the backends read (circuit, config). */
 const osr__store_cfg_t *osr__store_cfg(const osr_store_t *st);
 osr__store_cfg_t *osr__store_cfg_mut(osr_store_t *st);
+
+/** Backend events counted in osr_store_stats (any worker thread). */
+typedef enum osr__store_ev_e { OSR__EV_WAL_RESTART, OSR__EV_WAL_RESTART_MISS } osr__store_ev_t;
+void osr__store_count(osr_store_t *st, osr__store_ev_t ev);
 
 /** Milliseconds on a monotonic clock (worker threads, circuit timing). */
 int64_t osr__store_mono_ms(void);

@@ -60,7 +60,10 @@
  * checkpoint of its own: between two of its transactions nothing new
  * arrives, so that copy reaches the end and its next transaction writes
  * from the WAL's start. That is a stall of the store queue for the copy and
- * its two fsyncs (WAL, database), every CKPT_RESTART_BYTES of WAL.
+ * its two fsyncs (WAL, database), every CKPT_RESTART_BYTES of WAL; the
+ * thread syncs the database just before it asks (sync_db), so the writer's
+ * database fsync has only its own few pages to flush, and the writer holds
+ * the background reader off so that its copy is not wasted (sq_shared_t).
  *
  * It used to be a RESTART checkpoint on the thread, which holds the write
  * lock through the same copy and fsyncs: at 8 MiB it was 16 stalls of ~4 ms
@@ -84,6 +87,7 @@
 #define CKPT_RESTART_BYTES (32 * 1024 * 1024)
 #define CKPT_LOCK_WAIT_US  1000
 #define CKPT_LOCK_POLL_US  50
+#define CKPT_YIELD_MS      20
 /* Below the loop thread and the store worker, but not so low that a busy
  * CPU starves it: at nice 19 the WAL reached the writer's 128 MiB under
  * load, and a RESTART it had begun held the write lock for 310 ms while it
@@ -121,6 +125,32 @@ typedef struct ckpt_s {
   atomic_int restart_due; /* set by the thread, taken by the writer (sq_after_batch) */
 } ckpt_t;
 
+/* The reader gate (cfg->be_shared, one per store, shared by its writer and
+ * its background reader). The WAL starts over at the writer's first write
+ * after its copy in sq_after_batch reached the WAL's end, and only if no
+ * reader then holds a snapshot that began before that copy ended: SQLite
+ * needs every read mark but the first (readers of a fully copied WAL use
+ * that one) free. The background reader reads the reaper's pages back to
+ * back at a low CPU priority, so during a pass over 60,000 bindings it
+ * nearly always held one: the writer's copy and its two fsyncs ran, the WAL
+ * did not start over, and the thread asked again: 9 stalls of 4-7 ms in
+ * 0.5 s instead of one (bench/README "SQLite start-over, synced
+ * ahead"). So the writer first holds the reader off (hold_until) and
+ * copies only when the reader has no transaction open (reader_in); a
+ * reader that begins after the copy reads the fully copied WAL's first
+ * mark and is no obstacle. The reader waits at most HOLD_MAX_MS, at a
+ * BEGIN (on its own thread, never the loop's), and a writer that finds it
+ * inside a transaction tries again after its next batch. reader_in and
+ * hold_until are stored before the other is loaded, both sequentially
+ * consistent: either the writer sees the reader inside, or the reader sees
+ * the hold. */
+#define HOLD_MAX_MS  100
+#define HOLD_POLL_US 200
+typedef struct sq_shared_s {
+  atomic_int reader_in;     /* the background reader may have a transaction open */
+  atomic_ullong hold_until; /* uv_hrtime(): the reader begins none before this; 0 = no hold */
+} sq_shared_t;
+
 typedef struct sqlite_db_s {
   osr_store_t *st;
   sqlite3 *h;
@@ -137,6 +167,7 @@ typedef struct sqlite_db_s {
   int reader;             /* the background reader: query_only, deferred BEGIN, no checkpointer */
   int wal_frames;         /* frames in the WAL after our last commit (on_wal) */
   int woke_at;            /* wal_frames when on_wal last woke the checkpoint thread */
+  int copied_all;         /* sq_after_batch copied the whole WAL: the next commit starts it over */
   int step_frames;        /* CKPT_STEP_BYTES in this database's pages */
   int ckpt_frames;        /* WRITER_CHECKPOINT_BYTES in this database's pages */
   uint64_t busy_since;    /* on_busy: when the current lock wait began */
@@ -164,6 +195,27 @@ static int ckpt_busy(void *arg, int count)
   return 1;
 }
 
+/* Flush the database file before the thread asks the writer to start the
+ * WAL over. SQLite fsyncs the database only after a copy that reached the
+ * WAL's end as it is when the copy ends, which under non-stop commits is
+ * seldom the thread's: it was the writer's own copy before the WAL starts
+ * over (sq_after_batch), whose fdatasync then carried every page the thread
+ * had copied since the last one (up to 32 MiB of WAL's worth) and the
+ * file's growth, while the store queue waited (bench/README "SQLite
+ * start-over, synced ahead"). Synced here first, off the commit path, the
+ * writer's is left with the few pages it copied itself; once per start-over, not per copy, so a page copied again and
+ * again is written back once. The file handle is SQLite's own
+ * (SQLITE_FCNTL_FILE_POINTER): a descriptor of ours would break the
+ * process's POSIX locks when closed (sq_connect). A failure is harmless:
+ * SQLite's own fsync still comes before the WAL starts over. */
+static void sync_db(ckpt_t *c, sqlite3 *h)
+{
+  sqlite3_file *f = NULL;
+  if (sqlite3_file_control(h, "main", SQLITE_FCNTL_FILE_POINTER, &f) == SQLITE_OK && f != NULL &&
+      f->pMethods != NULL)
+    (void)f->pMethods->xSync(f, c->sync_full ? SQLITE_SYNC_FULL : SQLITE_SYNC_NORMAL);
+}
+
 /* One round of the thread: copy what is new, then, if the WAL is long and
  * the copy reached its end, ask the writer to let it start over. Answers 0,
  * or -1 when the connection should be reopened. */
@@ -180,8 +232,10 @@ static int ckpt_round(ckpt_t *c, sqlite3 *h)
   /* A reader (the background reader's page of a reaper pass) on an older
    * snapshot kept the copy short of the WAL's end: the writer's copy would
    * stop there too, and the WAL could not start over. */
-  if (rc == SQLITE_OK && nlog >= c->restart_frames && nckpt == nlog)
+  if (rc == SQLITE_OK && nlog >= c->restart_frames && nckpt == nlog) {
+    sync_db(c, h);
     atomic_store_explicit(&c->restart_due, 1, memory_order_relaxed);
+  }
   return 0;
 }
 
@@ -201,8 +255,20 @@ static void ckpt_main(void *arg)
 
   uv_mutex_lock(&c->mu);
   while (!c->stop) {
+    int held;
     if (!c->wake)
       uv_cond_timedwait(&c->cv, &c->mu, (uint64_t)CKPT_TICK_MS * 1000000u);
+    /* The writer is about to copy the WAL's last frames itself
+     * (restart_due, sq_after_batch): a copy of ours meanwhile would make
+     * its checkpoint answer SQLITE_BUSY, and where commits come faster than
+     * we copy (one release build writing non-stop, a loaded CPU) we were
+     * always copying and the WAL never started over. So wait for the writer
+     * to take the request, CKPT_YIELD_MS at most (it waits for the
+     * background reader's transaction to end, or has no batch to run). */
+    for (held = 0; held < CKPT_YIELD_MS && !c->stop &&
+                   atomic_load_explicit(&c->restart_due, memory_order_relaxed);
+         held++)
+      uv_cond_timedwait(&c->cv, &c->mu, 1000000u);
     c->wake = 0;
     if (c->stop)
       break;
@@ -335,7 +401,40 @@ static int sq_configure(osr_store_t *st, const char *url)
   }
   cfg->target = osr_xstrndup(p, n);
   cfg->pool = 1;
+  {
+    sq_shared_t *sh = osr_xcalloc(1, sizeof(*sh));
+    atomic_init(&sh->reader_in, 0);
+    atomic_init(&sh->hold_until, 0);
+    cfg->be_shared = sh;
+  }
   return 0;
+}
+
+static void sq_unconfigure(osr_store_t *st)
+{
+  osr__store_cfg_t *cfg = osr__store_cfg_mut(st);
+  osr_free(cfg->be_shared);
+  cfg->be_shared = NULL;
+}
+
+static sq_shared_t *shared(sqlite_db_t *d)
+{
+  return osr__store_cfg(d->st)->be_shared;
+}
+
+/* The background reader, before its BEGIN: wait while the writer holds it
+ * off (see sq_shared_t), at most until hold_until. */
+static void reader_enter(sq_shared_t *sh)
+{
+  for (;;) {
+    uint64_t until;
+    atomic_store(&sh->reader_in, 1);
+    until = atomic_load(&sh->hold_until);
+    if (until == 0 || uv_hrtime() >= until)
+      return;
+    atomic_store(&sh->reader_in, 0);
+    usleep(HOLD_POLL_US);
+  }
 }
 
 static osr__db_t *sq_db_new(osr_store_t *st)
@@ -354,6 +453,11 @@ static int on_wal(void *arg, sqlite3 *h, const char *name, int nframes)
   sqlite_db_t *d = arg;
   (void)h;
   (void)name;
+  if (nframes < d->wal_frames)
+    osr__store_count(d->st, OSR__EV_WAL_RESTART);
+  else if (d->copied_all)
+    osr__store_count(d->st, OSR__EV_WAL_RESTART_MISS);
+  d->copied_all = 0;
   d->wal_frames = nframes;
   if (nframes < d->woke_at)
     d->woke_at = 0; /* the WAL started over */
@@ -374,6 +478,7 @@ static void sq_after_batch(osr__db_t *db)
 {
   sqlite_db_t *d = S(db);
   int nlog = 0, nckpt = 0, rc, due;
+  sq_shared_t *sh;
   uint64_t t0;
 
   if (d->h == NULL || d->reader || d->ckpt_frames <= 0)
@@ -385,12 +490,29 @@ static void sq_after_batch(osr__db_t *db)
   due = due && d->wal_frames >= d->ckpt.restart_frames;
   if (!due && d->wal_frames < d->ckpt_frames)
     return;
+  /* Hold the background reader off, and wait for its transaction to end
+   * if it has one open: its snapshot would keep the WAL from starting over
+   * after the copy (sq_shared_t). The last resort does not wait. */
+  sh = shared(d);
+  if (due && sh != NULL) {
+    atomic_store(&sh->hold_until, uv_hrtime() + (uint64_t)HOLD_MAX_MS * 1000000u);
+    if (atomic_load(&sh->reader_in) && d->wal_frames < d->ckpt_frames) {
+      atomic_store_explicit(&d->ckpt.restart_due, 1, memory_order_relaxed);
+      return;
+    }
+  }
   t0 = uv_hrtime();
   rc = sqlite3_wal_checkpoint_v2(d->h, NULL, SQLITE_CHECKPOINT_PASSIVE, &nlog, &nckpt);
-  /* SQLITE_BUSY: the checkpoint thread is copying; it asks again after
-   * that copy, and the last resort is tried again after the next batch. */
+  if (sh != NULL)
+    atomic_store(&sh->hold_until, 0);
+  d->copied_all = due && rc == SQLITE_OK && nckpt == nlog;
+  /* SQLITE_BUSY: the checkpoint thread is copying (it waits CKPT_YIELD_MS
+   * at most for us to take the request): try again after the next batch,
+   * as the last resort is. */
   if (due) {
     ckpt_trace(t0, rc, nckpt, nlog, "writer, restart");
+    if (rc == SQLITE_BUSY)
+      atomic_store_explicit(&d->ckpt.restart_due, 1, memory_order_relaxed);
     if (d->wal_frames < d->ckpt_frames)
       return;
   }
@@ -449,6 +571,8 @@ static void sq_disconnect(osr__db_t *db)
   if (d->h != NULL)
     sqlite3_close_v2(d->h);
   d->h = NULL;
+  if (d->reader && shared(d) != NULL)
+    atomic_store(&shared(d)->reader_in, 0);
 }
 
 static void sq_db_free(osr__db_t *db)
@@ -674,10 +798,11 @@ static int sq_exec(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_
 
   if (d->h == NULL)
     return OSR_EUNAVAILABLE;
+  if (d->reader && stmt == OSR__ST_BEGIN && shared(d) != NULL)
+    reader_enter(shared(d));
   rv = prepare(d, stmt, sql, &s);
-  if (rv != 0)
-    return rv;
-  rv = bind_args(d, stmt, s, args, nargs);
+  if (rv == 0)
+    rv = bind_args(d, stmt, s, args, nargs);
   if (rv == 0) {
     /* Statements that return rows (pragmas) are stepped to the end. */
     while ((rc = sqlite3_step(s)) == SQLITE_ROW)
@@ -687,7 +812,11 @@ static int sq_exec(osr__db_t *db, int stmt, const char *sql, const osr__sql_arg_
     else if (changes != NULL)
       *changes = sqlite3_changes64(d->h);
   }
-  finish(s, stmt < 0);
+  if (s != NULL)
+    finish(s, stmt < 0);
+  /* No transaction open (it ended, or its BEGIN failed): no snapshot held. */
+  if (d->reader && shared(d) != NULL && sqlite3_get_autocommit(d->h))
+    atomic_store(&shared(d)->reader_in, 0);
   return rv;
 }
 
@@ -760,7 +889,7 @@ const osr__db_vtbl_t osr__store_sqlite = {
   .array_params = 0,
   .after_batch = sq_after_batch,
   .configure = sq_configure,
-  .unconfigure = NULL,
+  .unconfigure = sq_unconfigure,
   .db_new = sq_db_new,
   .has_reader = sq_has_reader,
   .db_new_reader = sq_db_new_reader,
