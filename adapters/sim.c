@@ -43,6 +43,7 @@
 #include "net/http.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "sim"
 /* Hard cap on the resource table even when `capacity` is unlimited. */
@@ -206,7 +207,7 @@ static osr_resource_state_t state_parse(const char *s)
 
 static void copy_str(char *dst, size_t len, const char *src)
 {
-  snprintf(dst, len, "%s", src != NULL ? src : "");
+  osr_str_copy(dst, len, src != NULL ? src : "");
 }
 
 /* ---- resource JSON (osr-sim wire format and state file) ------------------ */

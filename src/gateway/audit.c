@@ -15,6 +15,7 @@
 #include "gateway/sandboxes.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 typedef struct pending_s {
   osr_gw_t *gw;
@@ -45,11 +46,11 @@ void osr__gw_audit_as(osr_gw_t *gw, const char *tenant, const char *actor, const
   pending_t *p = osr_xcalloc(1, sizeof(*p));
   p->gw = gw;
   p->ev.at_ms = osr_now_ms();
-  snprintf(p->ev.tenant, sizeof(p->ev.tenant), "%s", tenant != NULL ? tenant : "");
-  snprintf(p->ev.actor, sizeof(p->ev.actor), "%s", actor != NULL ? actor : "system");
-  snprintf(p->ev.action, sizeof(p->ev.action), "%s", action != NULL ? action : "");
-  snprintf(p->ev.sandbox_id, sizeof(p->ev.sandbox_id), "%s", sandbox_id != NULL ? sandbox_id : "");
-  snprintf(p->ev.outcome, sizeof(p->ev.outcome), "%s", outcome != NULL ? outcome : "ok");
+  osr_str_copy(p->ev.tenant, sizeof(p->ev.tenant), tenant != NULL ? tenant : "");
+  osr_str_copy(p->ev.actor, sizeof(p->ev.actor), actor != NULL ? actor : "system");
+  osr_str_copy(p->ev.action, sizeof(p->ev.action), action != NULL ? action : "");
+  osr_str_copy(p->ev.sandbox_id, sizeof(p->ev.sandbox_id), sandbox_id != NULL ? sandbox_id : "");
+  osr_str_copy(p->ev.outcome, sizeof(p->ev.outcome), outcome != NULL ? outcome : "ok");
   if (detail != NULL) {
     if (json_is_object(detail))
       p->ev.detail_json = json_dumps(detail, JSON_COMPACT | JSON_SORT_KEYS);
@@ -75,11 +76,11 @@ void osr__audit_event(osr_audit_event_t *ev, const osr_gw_auth_t *who, const cha
 {
   memset(ev, 0, sizeof(*ev));
   ev->at_ms = osr_now_ms();
-  snprintf(ev->tenant, sizeof(ev->tenant), "%s", who != NULL ? who->tenant : "");
-  snprintf(ev->actor, sizeof(ev->actor), "%s", who != NULL ? who->key_id : "system");
-  snprintf(ev->action, sizeof(ev->action), "%s", action != NULL ? action : "");
-  snprintf(ev->sandbox_id, sizeof(ev->sandbox_id), "%s", sandbox_id != NULL ? sandbox_id : "");
-  snprintf(ev->outcome, sizeof(ev->outcome), "%s", outcome != NULL ? outcome : "ok");
+  osr_str_copy(ev->tenant, sizeof(ev->tenant), who != NULL ? who->tenant : "");
+  osr_str_copy(ev->actor, sizeof(ev->actor), who != NULL ? who->key_id : "system");
+  osr_str_copy(ev->action, sizeof(ev->action), action != NULL ? action : "");
+  osr_str_copy(ev->sandbox_id, sizeof(ev->sandbox_id), sandbox_id != NULL ? sandbox_id : "");
+  osr_str_copy(ev->outcome, sizeof(ev->outcome), outcome != NULL ? outcome : "ok");
   ev->detail_json = detail_json != NULL ? osr_xstrdup(detail_json) : NULL;
 }
 

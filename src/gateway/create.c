@@ -52,6 +52,7 @@
 #include "gateway/sandboxes.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "create"
 #define POLL_MS 50
@@ -180,8 +181,8 @@ const char *osr__err_text(int err)
 void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant)
 {
   memset(a, 0, sizeof(*a));
-  snprintf(a->tenant, sizeof(a->tenant), "%s", tenant ? tenant : "");
-  snprintf(a->key_id, sizeof(a->key_id), "%s", actor);
+  osr_str_copy(a->tenant, sizeof(a->tenant), tenant ? tenant : "");
+  osr_str_copy(a->key_id, sizeof(a->key_id), actor);
   a->role = OSR_ROLE_ADMIN;
 }
 
@@ -207,7 +208,7 @@ void osr__destroy_bg(osr_gw_t *gw, osr_provider_t *p, const char *provider_id)
   if (p == NULL || provider_id == NULL || provider_id[0] == '\0')
     return;
   bgd_t *d = osr_xcalloc(1, sizeof(*d));
-  snprintf(d->provider_id, sizeof(d->provider_id), "%s", provider_id);
+  osr_str_copy(d->provider_id, sizeof(d->provider_id), provider_id);
   int rv = p->adapter->destroy(p, d->provider_id, bg_destroyed, d);
   if (rv != 0)
     bg_destroyed(p, rv, d);
@@ -371,7 +372,7 @@ static void set_answer(create_t *c, int status, const char *code, const char *ms
 {
   c->status = status;
   c->code = code;
-  snprintf(c->message, sizeof(c->message), "%s", msg);
+  osr_str_copy(c->message, sizeof(c->message), msg);
   json_decref(c->details);
   c->details = details;
 }
@@ -609,12 +610,12 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
 
   int64_t now = osr_now_ms();
   osr_binding_t *b = &c->b;
-  snprintf(b->provider_id, sizeof(b->provider_id), "%s", res->provider_id);
+  osr_str_copy(b->provider_id, sizeof(b->provider_id), res->provider_id);
   if (res->region[0])
-    snprintf(b->region, sizeof(b->region), "%s", res->region);
+    osr_str_copy(b->region, sizeof(b->region), res->region);
   if (res->isolation != OSR_ISO_NONE)
     b->isolation = res->isolation;
-  snprintf(b->agent_endpoint, sizeof(b->agent_endpoint), "%s", res->agent_endpoint);
+  osr_str_copy(b->agent_endpoint, sizeof(b->agent_endpoint), res->agent_endpoint);
   b->state = OSR_BINDING_RUNNING;
   b->updated_ms = now;
   b->expires_ms = now + (int64_t)c->req.timeout_s * 1000;
@@ -756,8 +757,8 @@ static void next_attempt(create_t *c)
     }
     /* The first attempt's provider is already in the intent row. */
     int first = c->nattempts == 0 && strcmp(c->b.provider, cand->provider->name) == 0;
-    snprintf(c->b.provider, sizeof(c->b.provider), "%s", cand->provider->name);
-    snprintf(c->b.region, sizeof(c->b.region), "%s", cand->region);
+    osr_str_copy(c->b.provider, sizeof(c->b.provider), cand->provider->name);
+    osr_str_copy(c->b.region, sizeof(c->b.region), cand->region);
     c->b.isolation = cand->isolation;
     c->b.attempt = c->nattempts + 1;
     c->b.updated_ms = now;
@@ -847,8 +848,8 @@ static void replay(osr_gw_t *gw, osr_gw_call_t *call, const osr_binding_t *b)
   }
   poll_t *p = osr_xcalloc(1, sizeof(*p));
   p->call = call;
-  snprintf(p->tenant, sizeof(p->tenant), "%s", b->tenant);
-  snprintf(p->id, sizeof(p->id), "%s", b->id);
+  osr_str_copy(p->tenant, sizeof(p->tenant), b->tenant);
+  osr_str_copy(p->id, sizeof(p->id), b->id);
   p->until_ms = b->created_ms + OSR_CREATE_DEADLINE_MS + 5000;
   if (p->until_ms < osr_now_ms() + POLL_MS)
     p->until_ms = osr_now_ms() + POLL_MS;
@@ -958,16 +959,16 @@ void osr__create_start(osr_gw_call_t *call, osr__sbx_req_t *req, const char *ide
 
   osr_binding_t *b = &c->b;
   osr_sandbox_id_new(b->id);
-  snprintf(b->tenant, sizeof(b->tenant), "%s", call->auth.tenant);
-  snprintf(b->idem_key, sizeof(b->idem_key), "%s", idem_key);
+  osr_str_copy(b->tenant, sizeof(b->tenant), call->auth.tenant);
+  osr_str_copy(b->idem_key, sizeof(b->idem_key), idem_key);
   osr_sha256_hex(canon, strlen(canon), b->request_hash);
-  snprintf(b->template_id, sizeof(b->template_id), "%s", c->req.template_id);
+  osr_str_copy(b->template_id, sizeof(b->template_id), c->req.template_id);
   /* Recovery at start resolves only its own instance's rows (and stale
    * ones): another gateway on the same database must see this row as ours. */
-  snprintf(b->owner, sizeof(b->owner), "%s", gw->cfg->instance_id ? gw->cfg->instance_id : "");
+  osr_str_copy(b->owner, sizeof(b->owner), gw->cfg->instance_id ? gw->cfg->instance_id : "");
   if (c->neligible > 0) {
-    snprintf(b->provider, sizeof(b->provider), "%s", c->cands[0].provider->name);
-    snprintf(b->region, sizeof(b->region), "%s", c->cands[0].region);
+    osr_str_copy(b->provider, sizeof(b->provider), c->cands[0].provider->name);
+    osr_str_copy(b->region, sizeof(b->region), c->cands[0].region);
     b->isolation = c->cands[0].isolation;
   }
   b->state = OSR_BINDING_CREATING;
@@ -1106,7 +1107,7 @@ static void rec_listed_rows(int status, const osr_binding_t *items, size_t n, co
     osr_binding_copy(&r->rows[r->n++], &items[i]);
   }
   if (next != NULL && r->n < RECOVER_MAX_ROWS) {
-    snprintf(r->cursor, sizeof(r->cursor), "%s", next);
+    osr_str_copy(r->cursor, sizeof(r->cursor), next);
     rec_list_page(r);
     return;
   }
@@ -1220,7 +1221,7 @@ static void rec_adopt_completed(osr_provider_t *p, int status, const osr_resourc
   snprintf(key.id, sizeof(key.id), "%.39s", have->sandbox_id);
   osr_binding_t *row = bsearch(&key, r->rows, r->n, sizeof(*r->rows), cmp_row);
   if (status == 0 && res != NULL && row != NULL) {
-    snprintf(have->agent_endpoint, sizeof(have->agent_endpoint), "%s", res->agent_endpoint);
+    osr_str_copy(have->agent_endpoint, sizeof(have->agent_endpoint), res->agent_endpoint);
     rec_adopt_store(r, row, have);
     return;
   }
@@ -1270,12 +1271,12 @@ static void rec_adopt_store(recover_t *r, osr_binding_t *row, const osr_resource
 {
   int64_t now = osr_now_ms();
   int64_t seen_ms = row->updated_ms; /* the version we decided on */
-  snprintf(row->provider_id, sizeof(row->provider_id), "%s", res->provider_id);
+  osr_str_copy(row->provider_id, sizeof(row->provider_id), res->provider_id);
   if (res->region[0])
-    snprintf(row->region, sizeof(row->region), "%s", res->region);
+    osr_str_copy(row->region, sizeof(row->region), res->region);
   if (res->isolation != OSR_ISO_NONE)
     row->isolation = res->isolation;
-  snprintf(row->agent_endpoint, sizeof(row->agent_endpoint), "%s", res->agent_endpoint);
+  osr_str_copy(row->agent_endpoint, sizeof(row->agent_endpoint), res->agent_endpoint);
   row->state = res->state == OSR_RES_PAUSED ? OSR_BINDING_PAUSED : OSR_BINDING_RUNNING;
   row->updated_ms = now;
   row->last_activity_ms = now;
@@ -1285,7 +1286,7 @@ static void rec_adopt_store(recover_t *r, osr_binding_t *row, const osr_resource
    * back from a restart, or a second gateway's reaper) may be resolving the
    * same row right now, one adopting and one failing it. The database lets
    * exactly one of us change it; the loser re-checks the resource. */
-  snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
+  osr_str_copy(r->who.tenant, sizeof(r->who.tenant), row->tenant);
   int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, 0, &r->who, r->act_adopt, "ok",
                           detail_text(json_pack("{s:s,s:s,s:s}", "provider", row->provider,
                                                 "providerId", row->provider_id, "resolution",
@@ -1423,7 +1424,7 @@ static void rec_fail(recover_t *r, osr_binding_t *row)
   osr_free(row->error_json);
   row->error_json = osr_xstrdup("{\"code\":\"all_providers_failed\",\"message\":\"the gateway "
                                 "stopped while the sandbox was being created\",\"attempts\":[]}");
-  snprintf(r->who.tenant, sizeof(r->who.tenant), "%s", row->tenant);
+  osr_str_copy(r->who.tenant, sizeof(r->who.tenant), row->tenant);
   int rv = update_audited(r->gw, row, OSR_BINDING_CREATING, seen_ms, 0, &r->who, r->act_fail, "ok",
                           detail_text(json_pack("{s:s,s:s,s:s}", "provider", row->provider,
                                                 "reason", "interrupted", "resolution", "failed")),

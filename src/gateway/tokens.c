@@ -21,6 +21,7 @@
 #include "gateway/sandboxes.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD "tokens"
 
@@ -67,10 +68,10 @@ static int fill_claims(osr_gw_t *gw, const osr_binding_t *b, const osr__token_re
       exp = sbx_end;
   }
   memset(c, 0, sizeof(*c));
-  snprintf(c->sandbox_id, sizeof(c->sandbox_id), "%s", b->id);
-  snprintf(c->tenant, sizeof(c->tenant), "%s", b->tenant);
-  snprintf(c->provider, sizeof(c->provider), "%s", b->provider);
-  snprintf(c->agent_endpoint, sizeof(c->agent_endpoint), "%s", b->agent_endpoint);
+  osr_str_copy(c->sandbox_id, sizeof(c->sandbox_id), b->id);
+  osr_str_copy(c->tenant, sizeof(c->tenant), b->tenant);
+  osr_str_copy(c->provider, sizeof(c->provider), b->provider);
+  osr_str_copy(c->agent_endpoint, sizeof(c->agent_endpoint), b->agent_endpoint);
   c->scopes = r->scopes;
   c->all_ports = r->all_ports;
   c->nports = r->nports <= OSR_TOKEN_PORTS_MAX ? r->nports : OSR_TOKEN_PORTS_MAX;

@@ -1,9 +1,11 @@
-/* Unit tests for the word-at-a-time text checks in util/text.h. */
+/* Unit tests for the word-at-a-time text checks and the bounded string
+ * copy in util/text.h. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util/text.h"
@@ -41,10 +43,33 @@ static void test_has_crlf_nul(void **state)
   }
 }
 
+/* osr_str_copy replaced snprintf(dst, size, "%s", src) on the create path:
+ * the same bytes (truncation, terminator) and nothing past them written, for
+ * every source length around every destination size. */
+static void test_str_copy(void **state)
+{
+  (void)state;
+  char src[40], want[48], got[48];
+  for (size_t len = 0; len < sizeof(src); len++) {
+    for (size_t i = 0; i < len; i++)
+      src[i] = (char)('a' + (i % 26));
+    src[len] = '\0';
+    for (size_t size = 1; size <= 44; size++) {
+      memset(want, 'x', sizeof(want));
+      memset(got, 'x', sizeof(got));
+      int n = snprintf(want, size, "%s", src);
+      size_t copied = osr_str_copy(got, size, src);
+      assert_memory_equal(got, want, sizeof(got));
+      assert_int_equal(copied, (size_t)n < size ? (size_t)n : size - 1);
+    }
+  }
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_has_crlf_nul),
+      cmocka_unit_test(test_str_copy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
