@@ -75,6 +75,19 @@ enum {
   T_COUNT
 };
 
+/* The agent token of sandbox `id` (osr_agent_token) from the gateway's
+ * precomputed key, made here on first use (loop thread only, as the key's
+ * scratch context requires). Falls back to the one-shot HMAC if the key
+ * cannot be made. */
+static int agent_token(osr_gw_t *gw, const char *id, char out[65])
+{
+  if (gw->agent_key == NULL)
+    gw->agent_key = osr_agent_key_new(gw->agent_secret);
+  if (gw->agent_key == NULL)
+    return osr_agent_token(gw->agent_secret, id, out);
+  return osr_agent_key_token(gw->agent_key, id, out);
+}
+
 /* One provider call. Outlives the create when abandoned (c == NULL). */
 typedef struct attempt_s {
   create_t *c;
@@ -705,7 +718,7 @@ static void call_provider(create_t *c)
   /* The agent checks this, the data plane derives and sends the same
    * (docs/tokens.md); the client's binding token never reaches the agent. */
   char agent_tok[65];
-  if (gw->has_agent_secret && osr_agent_token(gw->agent_secret, c->b.id, agent_tok) == 0)
+  if (gw->has_agent_secret && agent_token(gw, c->b.id, agent_tok) == 0)
     spec.agent_token = agent_tok;
 
   int64_t left = c->deadline_ms - now;
@@ -1256,7 +1269,7 @@ static void rec_adopt(recover_t *r, osr_binding_t *row, const osr_resource_t *re
   }
   char agent_tok[65];
   if (r->p->adapter->adopt != NULL && r->gw->has_agent_secret &&
-      osr_agent_token(r->gw->agent_secret, row->id, agent_tok) == 0) {
+      agent_token(r->gw, row->id, agent_tok) == 0) {
     int rv = r->p->adapter->adopt(r->p, res->provider_id, row->id, agent_tok, rec_adopt_completed,
                                   r);
     explicit_bzero(agent_tok, sizeof(agent_tok));

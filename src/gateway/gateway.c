@@ -547,6 +547,8 @@ int osr_gateway_main_embed(int argc, char **argv, const char *prog,
   osr_metrics_free(gw->metrics);
   osr_gw_keyring_close(gw);
   OPENSSL_cleanse(gw->agent_secret, sizeof(gw->agent_secret));
+  osr_agent_key_free(gw->agent_key);
+  gw->agent_key = NULL;
   osr_gw_config_dispose(&m->cfg);
   int code = m->exit_code;
   osr_free(m);

@@ -125,6 +125,9 @@ typedef struct osr_gw_s {
    *  osr_agent_token): every create passes the derived agent token. */
   uint8_t agent_secret[32];
   int has_agent_secret;
+  /** The same secret's HMAC pad states (osr_agent_key_new), made on the
+   *  loop at the first create that needs it; freed with the gateway. */
+  osr_agent_key_t *agent_key;
   char admin_key_hash[65];       /**< SHA-256 hex of the admin key */
   int64_t started_ms;
   int draining;

@@ -18,6 +18,7 @@
 #include "token/token_int.h"
 #include "util/base64.h"
 #include "util/log.h"
+#include "util/mem.h"
 
 int osr_agent_token(const uint8_t secret[OSR_AGENT_SECRET_LEN], const char *sandbox_id,
                     char out[65])
@@ -35,6 +36,74 @@ int osr_agent_token(const uint8_t secret[OSR_AGENT_SECRET_LEN], const char *sand
   out[64] = '\0';
   OPENSSL_cleanse(mac, sizeof(mac));
   return 0;
+}
+
+/* HMAC(K, m) = H((K ^ opad) || H((K ^ ipad) || m)) with K the 32-byte
+ * secret zero-padded to SHA-256's 64-byte block: the states after the two
+ * pad blocks depend on the secret alone, so they are hashed once here and
+ * copied per token (RFC 2104 section 4 suggests exactly this). */
+struct osr_agent_key_s {
+  EVP_MD_CTX *inner; /* after (K ^ ipad) */
+  EVP_MD_CTX *outer; /* after (K ^ opad) */
+  EVP_MD_CTX *work;  /* scratch for one token */
+};
+
+void osr_agent_key_free(osr_agent_key_t *k)
+{
+  if (k == NULL)
+    return;
+  EVP_MD_CTX_free(k->inner); /* EVP_MD_CTX_free cleanses the state */
+  EVP_MD_CTX_free(k->outer);
+  EVP_MD_CTX_free(k->work);
+  osr_free(k);
+}
+
+osr_agent_key_t *osr_agent_key_new(const uint8_t secret[OSR_AGENT_SECRET_LEN])
+{
+  osr_agent_key_t *k = osr_xcalloc(1, sizeof(*k));
+  k->inner = EVP_MD_CTX_new();
+  k->outer = EVP_MD_CTX_new();
+  k->work = EVP_MD_CTX_new();
+  uint8_t ipad[64], opad[64];
+  for (size_t i = 0; i < 64; i++) {
+    uint8_t b = i < OSR_AGENT_SECRET_LEN ? secret[i] : 0;
+    ipad[i] = (uint8_t)(b ^ 0x36);
+    opad[i] = (uint8_t)(b ^ 0x5c);
+  }
+  int ok = k->inner != NULL && k->outer != NULL && k->work != NULL &&
+           EVP_DigestInit_ex(k->inner, EVP_sha256(), NULL) == 1 &&
+           EVP_DigestUpdate(k->inner, ipad, sizeof(ipad)) == 1 &&
+           EVP_DigestInit_ex(k->outer, EVP_sha256(), NULL) == 1 &&
+           EVP_DigestUpdate(k->outer, opad, sizeof(opad)) == 1;
+  OPENSSL_cleanse(ipad, sizeof(ipad));
+  OPENSSL_cleanse(opad, sizeof(opad));
+  if (!ok) {
+    osr_agent_key_free(k);
+    return NULL;
+  }
+  return k;
+}
+
+int osr_agent_key_token(osr_agent_key_t *k, const char *sandbox_id, char out[65])
+{
+  out[0] = '\0';
+  if (sandbox_id == NULL || sandbox_id[0] == '\0')
+    return OSR_EINVAL;
+  uint8_t ih[32], mac[32];
+  unsigned int n1 = 0, n2 = 0;
+  int ok = EVP_MD_CTX_copy_ex(k->work, k->inner) == 1 &&
+           EVP_DigestUpdate(k->work, sandbox_id, strlen(sandbox_id)) == 1 &&
+           EVP_DigestFinal_ex(k->work, ih, &n1) == 1 && n1 == 32 &&
+           EVP_MD_CTX_copy_ex(k->work, k->outer) == 1 &&
+           EVP_DigestUpdate(k->work, ih, sizeof(ih)) == 1 &&
+           EVP_DigestFinal_ex(k->work, mac, &n2) == 1 && n2 == 32;
+  if (ok) {
+    osr__hex(mac, 32, out);
+    out[64] = '\0';
+  }
+  OPENSSL_cleanse(ih, sizeof(ih));
+  OPENSSL_cleanse(mac, sizeof(mac));
+  return ok ? 0 : OSR_EINVAL;
 }
 
 /* mkdir -p of the parent of `path`, 0700 for what we create (it holds

@@ -182,6 +182,24 @@ uint64_t osr_revocations_evicted(const osr_revocations_t *r);
 int osr_agent_token(const uint8_t secret[OSR_AGENT_SECRET_LEN], const char *sandbox_id,
                     char out[65]);
 
+/** (Additive.) An agent secret with its HMAC-SHA256 key blocks hashed once
+ *  (the inner and outer pad states), so each osr_agent_key_token costs two
+ *  hash blocks instead of four; same tokens as osr_agent_token. Not
+ *  thread-safe (it keeps a scratch context): one thread uses a key, as the
+ *  gateway's loop does. */
+typedef struct osr_agent_key_s osr_agent_key_t;
+
+/** (Additive.) A key for `secret` (copied into the pad states; the caller
+ *  keeps and cleanses its own copy), or NULL if the digest fails.
+ *  Free with osr_agent_key_free. */
+osr_agent_key_t *osr_agent_key_new(const uint8_t secret[OSR_AGENT_SECRET_LEN]);
+
+/** (Additive.) Free `k` (NULL is a no-op), cleansing its pad states. */
+void osr_agent_key_free(osr_agent_key_t *k);
+
+/** (Additive.) osr_agent_token(secret, sandbox_id, out) for k's secret. */
+int osr_agent_key_token(osr_agent_key_t *k, const char *sandbox_id, char out[65]);
+
 /** (Additive.) Read the agent secret from `path` (64 hex digits; blocking:
  *  call at start-up). With `create` set and no file there, generate one
  *  (mode 0600, parent directories 0700). Returns 0 or an error described

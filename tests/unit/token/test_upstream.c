@@ -107,10 +107,36 @@ static void test_bounds_and_arguments(void **state)
   assert_int_equal(osr_upstream_open(tok, "s", "not base64!", 11, out, sizeof(out)), OSR_EINVAL);
 }
 
+/* osr_agent_key_token (pad states hashed once, the gateway's create path)
+ * gives osr_agent_token's bytes for ids of every length from 1 to 200
+ * (across SHA-256's 64-byte block boundaries), reusing one key, and the
+ * same refusal of an empty id. */
+static void test_agent_key_matches(void **state)
+{
+  (void)state;
+  osr_agent_key_t *k = osr_agent_key_new(secret);
+  assert_non_null(k);
+  char id[201], want[65], got[65];
+  for (size_t n = 1; n < sizeof(id); n++) {
+    for (size_t i = 0; i < n; i++)
+      id[i] = (char)('a' + ((i * 7 + n) % 26));
+    id[n] = '\0';
+    assert_int_equal(osr_agent_token(secret, id, want), 0);
+    assert_int_equal(osr_agent_key_token(k, id, got), 0);
+    assert_string_equal(got, want);
+  }
+  assert_int_equal(osr_agent_key_token(k, "", got), OSR_EINVAL);
+  assert_string_equal(got, "");
+  assert_int_equal(osr_agent_key_token(k, NULL, got), OSR_EINVAL);
+  osr_agent_key_free(k);
+  osr_agent_key_free(NULL);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip),
+      cmocka_unit_test(test_agent_key_matches),
       cmocka_unit_test(test_wrong_key_sandbox_or_bytes),
       cmocka_unit_test(test_bounds_and_arguments),
   };
