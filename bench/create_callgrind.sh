@@ -19,7 +19,7 @@ cat > "$D/osr.yaml" <<YAML
  "reaper": {"interval_ms": 3600000}}
 YAML
 KEY=cg-admin-key-0123456789abcdef
-OSR_ADMIN_KEY=$KEY valgrind --tool=callgrind --separate-threads=yes \
+OSR_ADMIN_KEY=$KEY valgrind --tool=callgrind --separate-threads=yes --compress-strings=no --compress-pos=no \
     --callgrind-out-file="$D/cg.out" "$GW" --listen 127.0.0.1:$PORT --data-dir "$D" \
     --config "$D/osr.yaml" --store "${STORE:-sqlite:$D/osr.db}" 2>"$D/gw.log" &
 PID=$!
