@@ -24,6 +24,7 @@
 #include "net/tls.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD              OSR_DP_MOD
 #define DP_KEYS_JSON_MAX (1024 * 1024)
@@ -362,7 +363,7 @@ static void keys_refresh(osr_dataplane_t *dp)
   keys_fetch_t *f = osr_xcalloc(1, sizeof(*f));
   f->dp = dp;
   osr_buf_init(&f->body, DP_KEYS_JSON_MAX);
-  osr__dp_copy_str(f->path, sizeof(f->path), hp[hn] != '\0' ? hp + hn : "/");
+  osr_str_copy(f->path, sizeof(f->path), hp[hn] != '\0' ? hp + hn : "/");
   snprintf(f->authority, sizeof(f->authority), "%.*s", (int)hn, hp);
   char addr[320];
   snprintf(addr, sizeof(addr), "%.*s", (int)hn, hp);

@@ -126,16 +126,6 @@ struct osr_dataplane_s {
   void *stop_data;
 };
 
-/** Copy the string `src` into `dst` (capacity `cap` > 0), truncating as
- *  snprintf("%s") would, without printf's cost (the request path copies an
- *  address and a sandbox id per request). */
-static inline void osr__dp_copy_str(char *dst, size_t cap, const char *src)
-{
-  size_t n = strnlen(src, cap - 1);
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
 /** Answer with a JSON error {"code":status,"message":msg} (E2B shape, with
  *  "sandboxId" when sid is non-NULL). */
 void osr__dp_error(osr_http_req_t *req, int status, const char *sid, const char *msg);

@@ -26,6 +26,7 @@
 #include "dataplane/dp_int.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD        OSR_DP_MOD
 #define EP_BUCKETS 1024
@@ -96,7 +97,7 @@ static void on_binding(int status, const osr_binding_t *b, void *data)
         ep = b->agent_endpoint;
       if (strcmp(e->endpoint, ep) != 0 && e->fetched != 0)
         OSR_LOG_INFO(MOD, "sandbox %s: agent endpoint now %s", l->sid, ep[0] ? ep : "(token's)");
-      osr__dp_copy_str(e->endpoint, sizeof(e->endpoint), ep);
+      osr_str_copy(e->endpoint, sizeof(e->endpoint), ep);
       e->fetched = uv_now(dp->loop) | 1;
     } else {
       /* Redis down or slow: keep what we had; the next request retries. */
@@ -128,7 +129,7 @@ const char *osr__dp_endpoint_for(osr_dataplane_t *dp, const char *sid)
         return NULL; /* every entry has a read in flight: skip the cache */
     }
     e = osr_xcalloc(1, sizeof(*e));
-    osr__dp_copy_str(e->sid, sizeof(e->sid), sid);
+    osr_str_copy(e->sid, sizeof(e->sid), sid);
     unsigned b = ep_hash(sid);
     e->next = c->buckets[b];
     c->buckets[b] = e;
@@ -137,7 +138,7 @@ const char *osr__dp_endpoint_for(osr_dataplane_t *dp, const char *sid)
   if (!e->busy && osr_redis_is_connected(dp->redis)) {
     ep_lookup_t *l = osr_xcalloc(1, sizeof(*l));
     l->dp = dp;
-    osr__dp_copy_str(l->sid, sizeof(l->sid), sid);
+    osr_str_copy(l->sid, sizeof(l->sid), sid);
     if (osr_redis_get_binding(dp->redis, sid, on_binding, l) == 0) {
       e->busy = 1;
       dp->m.ep_lookups++;

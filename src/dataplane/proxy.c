@@ -104,7 +104,7 @@ static dp_pool_t *pool_find(osr_dataplane_t *dp, unsigned b, const char *addr, u
   if (!create)
     return NULL;
   dp_pool_t *p = osr_xcalloc(1, sizeof(*p));
-  osr__dp_copy_str(p->addr, sizeof(p->addr), addr);
+  osr_str_copy(p->addr, sizeof(p->addr), addr);
   p->port = port;
   p->tls = tls;
   p->next = dp->pools[b];
@@ -193,7 +193,7 @@ static void agent_token_for(osr_dataplane_t *dp, unsigned b, const char *addr, u
       out[0] = '\0';
       return;
     }
-    osr__dp_copy_str(p->tok_sid, sizeof(p->tok_sid), sid);
+    osr_str_copy(p->tok_sid, sizeof(p->tok_sid), sid);
   }
   memcpy(out, p->agent_tok, sizeof(p->agent_tok));
 }
@@ -248,7 +248,7 @@ static dp_gate_t *gate_get(osr_dataplane_t *dp, const char *addr)
     if (strcmp(g->addr, addr) == 0)
       return g;
   dp_gate_t *g = osr_xcalloc(1, sizeof(*g));
-  osr__dp_copy_str(g->addr, sizeof(g->addr), addr);
+  osr_str_copy(g->addr, sizeof(g->addr), addr);
   g->next = dp->gates[b];
   dp->gates[b] = g;
   return g;
@@ -681,7 +681,7 @@ static int tunnel_open(osr_dataplane_t *dp, const char *addr, int tls, uint16_t 
                        void *data)
 {
   tunnel_t *t = osr_xcalloc(1, sizeof(*t));
-  osr__dp_copy_str(t->agent_tok, sizeof(t->agent_tok), agent_tok != NULL ? agent_tok : "");
+  osr_str_copy(t->agent_tok, sizeof(t->agent_tok), agent_tok != NULL ? agent_tok : "");
   t->cb = cb;
   t->data = data;
   t->port = port;
@@ -1809,14 +1809,14 @@ static void forward_upgrade(osr_dataplane_t *dp, osr_http_req_t *req, const char
   dp_upg_t *u = osr_xcalloc(1, sizeof(*u));
   u->dp = dp;
   u->req = req;
-  osr__dp_copy_str(u->sid, sizeof(u->sid), sid);
+  osr_str_copy(u->sid, sizeof(u->sid), sid);
   dp->nstreams++;
   osr__dp_act_close(dp, osr__dp_act_open(dp, sid)); /* the attempt is activity too */
   req->data = u;
   req->on_done = upg_req_done;
   u->head = head;
   u->head_len = hl;
-  osr__dp_copy_str(u->addr, sizeof(u->addr), addr);
+  osr_str_copy(u->addr, sizeof(u->addr), addr);
   u->tls = tls;
   u->port = port;
   u->remote = up != NULL;
@@ -1849,8 +1849,8 @@ static void forward(osr_dataplane_t *dp, osr_http_req_t *req, const char *addr, 
   dp_stream_t *st = osr_slab_xalloc(&stream_slab);
   st->dp = dp;
   st->req = req;
-  osr__dp_copy_str(st->addr, sizeof(st->addr), addr);
-  osr__dp_copy_str(st->sid, sizeof(st->sid), sid);
+  osr_str_copy(st->addr, sizeof(st->addr), addr);
+  osr_str_copy(st->sid, sizeof(st->sid), sid);
   size_t tl = strlen(target);
   if (tl < sizeof(st->target_small)) {
     memcpy(st->target_small, target, tl + 1);

@@ -29,6 +29,7 @@
 #include "dataplane/dp_int.h"
 #include "util/log.h"
 #include "util/mem.h"
+#include "util/text.h"
 
 #define MOD        OSR_DP_MOD
 #define UP_BUCKETS 256
@@ -172,7 +173,7 @@ int osr__dp_upstream_open(osr_dataplane_t *dp, const char *ep, const char *sid, 
     if (c->count >= UP_MAX)
       up_drop(c, NULL);
     up_ent_t *e = osr_xcalloc(1, sizeof(*e));
-    osr__dp_copy_str(e->sid, sizeof(e->sid), sid);
+    osr_str_copy(e->sid, sizeof(e->sid), sid);
     e->slen = slen;
     e->sealed = osr_xmalloc(slen + 1);
     memcpy(e->sealed, sealed, slen + 1);

@@ -130,15 +130,6 @@ static void pass_resource(osr_reaper_t *r);
 static void pass_lost(osr_reaper_t *r);
 static void pass_end(osr_reaper_t *r, int status);
 
-/* snprintf("%s") without the format machinery: the snapshot copies four
- * strings per live binding (the bulk of a store page's cost on the loop). */
-static void copy_str(char *dst, size_t cap, const char *src)
-{
-  size_t n = strnlen(src, cap - 1);
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
 static live_t *live_at(osr_reaper_t *r, size_t i)
 {
   return &r->chunk[i / CHUNK][i % CHUNK];
@@ -175,7 +166,7 @@ static live_t *live_add(osr_reaper_t *r, const char *id)
   }
   live_t *l = live_at(r, r->nlive);
   memset(l, 0, sizeof(*l));
-  copy_str(l->id, sizeof(l->id), id);
+  osr_str_copy(l->id, sizeof(l->id), id);
   l->hash = osr_fnv1a_str(l->id);
   index_put(r->index, r->index_cap, l->hash, (uint32_t)r->nlive);
   r->nlive++;
@@ -260,9 +251,9 @@ static void live_listed(int status, const osr_binding_t *items, size_t n, const 
   uint64_t t0 = step_begin();
   for (size_t i = 0; i < n && r->nlive < MAX_LIVE; i++) {
     live_t *l = live_add(r, items[i].id);
-    copy_str(l->tenant, sizeof(l->tenant), items[i].tenant);
-    copy_str(l->provider, sizeof(l->provider), items[i].provider);
-    copy_str(l->provider_id, sizeof(l->provider_id), items[i].provider_id);
+    osr_str_copy(l->tenant, sizeof(l->tenant), items[i].tenant);
+    osr_str_copy(l->provider, sizeof(l->provider), items[i].provider);
+    osr_str_copy(l->provider_id, sizeof(l->provider_id), items[i].provider_id);
     l->state = items[i].state;
     l->expires_ms = items[i].expires_ms;
     l->idle_timeout_ms = items[i].idle_timeout_ms;
