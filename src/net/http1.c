@@ -902,11 +902,6 @@ static void exchange_done(h1conn_t *c)
 
 /* ---- request ops ------------------------------------------------------------- */
 
-static int has_crlf(osr_iovec_t v)
-{
-  return osr_has_crlf_nul(v.base, v.len);
-}
-
 static int name_is(osr_iovec_t n, const char *s)
 {
   return osr_ascii_ieq_lower(n.base, n.len, s, strlen(s)); /* s: lower case */
@@ -937,7 +932,8 @@ static int format_head(h1req_t *r, int status, const osr_http_header_t *h, size_
   size_t reason_len = strlen(reason), date_len = strlen(date);
   size_t need = HEAD_SLACK + reason_len + date_len + server_len;
   for (size_t i = 0; i < n; i++) {
-    if (h[i].name.len == 0 || has_crlf(h[i].name) || has_crlf(h[i].value))
+    if (h[i].name.len == 0 || osr_has_crlf_nul(h[i].name.base, h[i].name.len) ||
+        osr_has_crlf_nul(h[i].value.base, h[i].value.len))
       return OSR_EINVAL; /* no response splitting */
     need += h[i].name.len + h[i].value.len + 4;
   }

@@ -496,11 +496,6 @@ static int hname_is(osr_iovec_t n, const char *s)
   return osr_ascii_ieq_lower(n.base, n.len, s, strlen(s)); /* s: lower case */
 }
 
-static int bad_text(const char *s, size_t n)
-{
-  return osr_has_crlf_nul(s, n);
-}
-
 static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,
                      const osr_http_client_events_t *ev, void *data, osr_http_creq_t **out)
 {
@@ -513,13 +508,14 @@ static int c_request(osr_http_client_t *base, const osr_http_client_req_t *req,
   const char *auth = req->authority != NULL ? req->authority : base->authority;
   size_t mlen = strlen(req->method), tlen = strlen(req->target), alen = strlen(auth);
   size_t need = mlen + tlen + alen + 128;
-  if (bad_text(req->method, mlen) || bad_text(req->target, tlen) || bad_text(auth, alen) ||
+  if (osr_has_crlf_nul(req->method, mlen) || osr_has_crlf_nul(req->target, tlen) ||
+      osr_has_crlf_nul(auth, alen) ||
       memchr(req->method, ' ', mlen) != NULL || memchr(req->target, ' ', tlen) != NULL)
     return OSR_EINVAL;
   for (size_t i = 0; i < req->nheaders; i++) {
     const osr_http_header_t *h = &req->headers[i];
-    if (h->name.len == 0 || bad_text(h->name.base, h->name.len) ||
-        bad_text(h->value.base, h->value.len))
+    if (h->name.len == 0 || osr_has_crlf_nul(h->name.base, h->name.len) ||
+        osr_has_crlf_nul(h->value.base, h->value.len))
       return OSR_EINVAL;
     need += h->name.len + h->value.len + 4;
   }
