@@ -26,11 +26,13 @@ fuzz_seconds=${OSR_FUZZ_SECONDS:-20}
 passed=0
 failed=0
 failures=()
+faillog=$(mktemp)
+trap 'rm -f "$faillog"' EXIT
 
 count_meson() {
   # Count results from meson's JSON test log.
   local dir=$1 p f
-  read -r p f < <(python3 - "$dir/meson-logs/testlog.json" <<'PY'
+  read -r p f < <(python3 - "$dir/meson-logs/testlog.json" "$faillog" "$dir" <<'PY'
 import json, sys
 p = f = 0
 try:
@@ -41,6 +43,14 @@ try:
         else:
             f += 1
             print("FAILED: %s (%s)" % (r.get("name"), r.get("result")), file=sys.stderr)
+            # Keep the failing test's own output for the end of the run,
+            # where a CI summary that shows only the tail still has it.
+            out = ((r.get("stdout") or "") + (r.get("stderr") or "")).splitlines()
+            with open(sys.argv[2], "a") as log:
+                log.write("--- %s: %s (%s), last %d of %d lines\n"
+                          % (sys.argv[3], r.get("name"), r.get("result"),
+                             min(len(out), 60), len(out)))
+                log.write("\n".join(out[-60:]) + "\n")
 except FileNotFoundError:
     f = 1
 print(p, f)
@@ -103,6 +113,10 @@ for c in $configs; do
   esac
 done
 
+if [[ -s $faillog ]]; then
+  echo "=== output of the failed tests"
+  cat "$faillog"
+fi
 for f in "${failures[@]}"; do echo "FAILED: $f"; done
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

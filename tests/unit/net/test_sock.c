@@ -114,6 +114,7 @@ typedef struct client_s {
   int closed;
   int done;
   int connected;
+  int wstatus; /* the payload write's status: 0, or the first error */
 } client_t;
 
 static void cli_on_read(osr_sock_t *s, int status)
@@ -144,11 +145,15 @@ static void cli_on_close(osr_sock_t *s)
 
 static const osr_sock_events_t cli_events = {cli_on_read, cli_on_close, NULL, NULL};
 
+/* Recorded, not asserted here: a peer that closes with our bytes unread
+ * (the input cap) resets the connection, and whether the write or the read
+ * sees that first is up to the scheduler. Each test checks what it expects. */
 static void cli_written(osr_sock_t *s, int status, void *arg)
 {
-  (void)s;
+  client_t *c = s->data;
   (void)arg;
-  assert_true(status == 0 || status == OSR_ECANCELED);
+  if (c->wstatus == 0 && status != OSR_ECANCELED)
+    c->wstatus = status;
 }
 
 static size_t send_len = PAYLOAD;
@@ -224,6 +229,7 @@ static void echo_roundtrip(const char *listen_addr, const char *connect_host,
   assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli, NULL), 0);
   run_until(&cli.closed, 20000);
   assert_int_equal(cli.status, 0);
+  assert_int_equal(cli.wstatus, 0);
   assert_true(cli.done);
   assert_false(cli.mismatch);
   assert_int_equal(cli.received, PAYLOAD);
@@ -410,9 +416,17 @@ static void test_connection_limit(void **state)
   snprintf(addr, sizeof(addr), "127.0.0.1:%d", osr_listener_port(srv.l));
   for (int i = 0; i < 3; i++)
     assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli[i], NULL), 0);
-  int never = 0;
-  run_until(&never, 300);
-  /* All three are connected at the TCP level (backlog), two accepted. */
+  /* All three are connected at the TCP level (backlog), two accepted; the
+   * waits end on what they wait for (a loaded CI machine is slow), and the
+   * fixed one only gives a third accept the chance to happen wrongly. */
+  int ready = 0, never = 0;
+  uint64_t end = uv_now(&loop) + 10000;
+  while (!ready && uv_now(&loop) < end) {
+    run_until(&never, 20);
+    ready = srv.accepted >= 2 && cli[0].connected + cli[1].connected + cli[2].connected == 3;
+  }
+  assert_true(ready);
+  run_until(&never, 200);
   assert_int_equal(srv.accepted, 2);
   assert_int_equal(osr_listener_nconns(srv.l), 2);
   /* Close one client; its server side sees EOF and closes; the third gets in. */
@@ -422,7 +436,9 @@ static void test_connection_limit(void **state)
       break;
     }
   }
-  run_until(&never, 300);
+  end = uv_now(&loop) + 10000;
+  while (srv.accepted < 3 && uv_now(&loop) < end)
+    run_until(&never, 20);
   assert_int_equal(srv.accepted, 3);
   for (int i = 0; i < 3; i++)
     if (cli[i].s != NULL)
@@ -443,7 +459,9 @@ static void test_drain_grace_and_idle_timeout(void **state)
   snprintf(addr, sizeof(addr), "127.0.0.1:%d", osr_listener_port(srv.l));
   assert_int_equal(osr_connect(&loop, addr, NULL, on_connected, &cli, NULL), 0);
   int never = 0;
-  run_until(&never, 200);
+  uint64_t end = uv_now(&loop) + 10000;
+  while ((srv.accepted < 1 || !cli.connected) && uv_now(&loop) < end)
+    run_until(&never, 20);
   assert_int_equal(srv.accepted, 1);
   /* on_drain does not close: the grace period (200 ms) force-closes. */
   uint64_t t0 = uv_now(&loop);
@@ -485,6 +503,9 @@ static void test_input_cap(void **state)
   srv_input_max = 0;
   assert_int_equal(srv.too_large, 1);
   assert_true(cli.closed);
+  /* The cap closed the connection with our bytes unread: a reset, or a
+   * write cancelled at our own close. */
+  assert_true(cli.wstatus == 0 || cli.wstatus == UV_ECONNRESET || cli.wstatus == UV_EPIPE);
   close_listener(&srv, 100);
 }
 
