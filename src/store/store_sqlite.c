@@ -138,9 +138,13 @@ typedef struct ckpt_s {
  * ahead"). So the writer first holds the reader off (hold_until) and
  * copies only when the reader has no transaction open (reader_in); a
  * reader that begins after the copy reads the fully copied WAL's first
- * mark and is no obstacle. The reader waits at most HOLD_MAX_MS, at a
- * BEGIN (on its own thread, never the loop's), and a writer that finds it
- * inside a transaction tries again after its next batch. reader_in and
+ * mark and is no obstacle. While the writer copies, the hold has no end
+ * (hold_until = UINT64_MAX): a hold that ran out during a slow copy (a
+ * loaded machine, the copy's fsyncs) let the reader begin a snapshot that
+ * wasted it. The copy is bounded work, and so is that wait. A writer that
+ * finds the reader inside a transaction holds it off for HOLD_MAX_MS at
+ * most (at its BEGIN, on its own thread, never the loop's) and tries again
+ * after its next batch. reader_in and
  * hold_until are stored before the other is loaded, both sequentially
  * consistent: either the writer sees the reader inside, or the reader sees
  * the hold. */
@@ -495,8 +499,9 @@ static void sq_after_batch(osr__db_t *db)
    * after the copy (sq_shared_t). The last resort does not wait. */
   sh = shared(d);
   if (due && sh != NULL) {
-    atomic_store(&sh->hold_until, uv_hrtime() + (uint64_t)HOLD_MAX_MS * 1000000u);
+    atomic_store(&sh->hold_until, UINT64_MAX);
     if (atomic_load(&sh->reader_in) && d->wal_frames < d->ckpt_frames) {
+      atomic_store(&sh->hold_until, uv_hrtime() + (uint64_t)HOLD_MAX_MS * 1000000u);
       atomic_store_explicit(&d->ckpt.restart_due, 1, memory_order_relaxed);
       return;
     }

@@ -1338,7 +1338,12 @@ static void test_sqlite_wal_bounded(void **state)
  * so the copy's two fsyncs stalled the store queue for nothing, again at
  * each of the checkpoint thread's next requests. The writer holds the reader
  * off and copies only when it has no transaction open (store_sqlite.c
- * sq_shared_t). Counted by osr_store_stats, never timed. */
+ * sq_shared_t). Counted by osr_store_stats, never timed. The reader runs
+ * at a low CPU priority (store.c BG_NICE): on a loaded machine it can be
+ * starved inside a page's transaction for seconds, and no start-over can
+ * happen meanwhile, so the WAL's bound here is loose (the writer's last
+ * resort, 128 MiB, plus a copy's worth); test_sqlite_wal_bounded, with no
+ * reader, holds the tight one. Pages of 100 keep its transactions short. */
 typedef struct lister_s {
   osr_store_t *st;
   osr_store_query_t q;
@@ -1367,7 +1372,7 @@ static void on_lister_page(int status, const osr_binding_t *items, size_t n, con
 
 static void test_sqlite_wal_restart_with_reader(void **state)
 {
-  const off_t WAL_BOUND = 96 * 1024 * 1024;
+  const off_t WAL_BOUND = 160 * 1024 * 1024;
   ctx_t c;
   lister_t l;
   osr_store_stats_t s0, s1;
@@ -1381,7 +1386,7 @@ static void test_sqlite_wal_restart_with_reader(void **state)
   l.st = c.st;
   snprintf(l.tenant, sizeof(l.tenant), "%s", tenant);
   l.q.tenant = l.tenant;
-  l.q.limit = 1000;
+  l.q.limit = 100;
   l.q.background = 1;
   l.inflight = 1;
   osr_store_stats(c.st, &s0);
