@@ -123,6 +123,22 @@ static void expect_status(const char *s, int want)
   }
 }
 
+/* Refused with 400 after `heads` heads and no complete message, at every
+ * read size. */
+static void expect_rejected(const char *s, int heads)
+{
+  static const size_t steps[] = {0, 1, 3};
+  for (size_t i = 0; i < 3; i++) {
+    rec_t r;
+    memset(&r, 0, sizeof(r));
+    int status = 0;
+    assert_true(parse_req(&r, s, steps[i], &status) < 0);
+    assert_int_equal(status, 400);
+    assert_int_equal(r.heads, heads);
+    assert_int_equal(r.completes, 0);
+  }
+}
+
 static void test_valid_and_pipelined(void **state)
 {
   (void)state;
@@ -321,6 +337,19 @@ static void test_smuggling_and_syntax(void **state)
   expect_status("GET / HTTP/1.1\r\nHost: a\r\nX: b\r\n\tc\r\n\r\n", 400);
   expect_status("GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400);
   expect_status("GET / HTTP/1.1\r\nHost: a\r\n: empty-name\r\n\r\n", 400);
+  /* Strict llhttp (subprojects/llhttp): a line that starts with a bare CR
+   * does not end the head (the loose parser ended it there, answered the
+   * request and read the rest as a next message); control bytes in a
+   * value and a bare CR after chunk data are refused before any message
+   * is complete. */
+  expect_rejected("GET / HTTP/1.1\r\nHost: h\r\n\r: v\r\n\r\n", 0);
+  expect_rejected("GET / HTTP/1.1\r\nHost: h\r\n\rGET /x HTTP/1.1\r\nHost: h\r\n\r\n", 0);
+  expect_rejected("GET / HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n", 0);
+  expect_rejected("GET / HTTP/1.1\r\nHost: h\r\nX: a\nTransfer-Encoding: chunked\r\n\r\n", 0);
+  expect_rejected("GET / HTTP/1.1\r\nHost: h\r\nX: a\x01b\r\n\r\n", 0);
+  expect_rejected("GET / HTTP/1.1\r\nHost: h\r\nX: a\x7f\r\n\r\n", 0);
+  expect_rejected("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  "1\r\na\r0\r\n\r\n", 1);
   expect_status("GET / HTTP/1.1\r\nHo(st: a\r\n\r\n", 400);
   expect_status("GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505);
   expect_status("GET / HTTP/1.2\r\nHost: a\r\n\r\n", 505);
