@@ -1274,6 +1274,26 @@ typedef struct rows_s {
   int n;
 } rows_t;
 
+/* Column-major parameter cells, as the multi-row statements take them:
+ * row r of column c is cells[c * stride + r]. Store one row given as the
+ * single-row statement's ncols parameters. */
+static void cols_put(osr__sql_arg_t *cells, size_t stride, size_t r, const osr__sql_arg_t *row,
+                     int ncols)
+{
+  int c;
+  for (c = 0; c < ncols; c++)
+    cells[(size_t)c * stride + r] = row[c];
+}
+
+/* The ncols array arguments over the first n rows of such cells. */
+static void cols_args(osr__sql_arg_t *args, osr__sql_arg_t *cells, size_t stride, size_t n,
+                      int ncols)
+{
+  int c;
+  for (c = 0; c < ncols; c++)
+    args[c] = (osr__sql_arg_t){.elems = cells + (size_t)c * stride, .nelems = (int)n};
+}
+
 /* ~60 KiB: on the heap, not the worker's stack; freed with osr_free. */
 static rows_t *rows_new(int ncols)
 {
@@ -1286,18 +1306,13 @@ static rows_t *rows_new(int ncols)
 /* Append one row given as the single-row statement's parameters. */
 static void rows_add(rows_t *t, const osr__sql_arg_t *a)
 {
-  int c;
-  for (c = 0; c < t->ncols; c++)
-    t->cells[c][t->n] = a[c];
-  t->n++;
+  cols_put(&t->cells[0][0], OSR__STORE_ROWS_MAX, (size_t)t->n++, a, t->ncols);
 }
 
 /* The array arguments, valid until the next rows_add. */
 static const osr__sql_arg_t *rows_args(rows_t *t)
 {
-  int c;
-  for (c = 0; c < t->ncols; c++)
-    t->cols[c] = (osr__sql_arg_t){.elems = t->cells[c], .nelems = t->n};
+  cols_args(t->cols, &t->cells[0][0], OSR__STORE_ROWS_MAX, (size_t)t->n, t->ncols);
   return t->cols;
 }
 
@@ -1504,13 +1519,6 @@ static osr__sql_arg_t *flush_take(flush_t *f, size_t k)
   return a; /* within cap: flush_plan sized it */
 }
 
-/* Column c of a k-row array statement whose rows start at `cells` (column
- * major: row r of column c is cells[c * k + r]). */
-static void flush_col(osr__sql_arg_t *head, osr__sql_arg_t *cells, size_t k, int c)
-{
-  *head = (osr__sql_arg_t){.elems = cells + (size_t)c * k, .nelems = (int)k};
-}
-
 /* B_INSERT_ROWS (or B_INSERT_ROWS_META when any has metadata) for creates
  * reqs[0..k-1]. */
 static void flush_creates(flush_t *f, osr__req_t **reqs, size_t k)
@@ -1519,28 +1527,25 @@ static void flush_creates(flush_t *f, osr__req_t **reqs, size_t k)
   osr__sql_arg_t *head = flush_take(f, CREATE_NARGS + 3), *cells = flush_take(f, CREATE_NARGS * k);
   osr__sql_arg_t a[CREATE_NARGS], *meta;
   size_t r, j, nmeta = 0, m = 0;
-  int c;
 
   for (r = 0; r < k; r++) {
     create_args(&reqs[r]->u.bind.b, a);
-    for (c = 0; c < CREATE_NARGS; c++)
-      cells[(size_t)c * k + r] = a[c];
+    cols_put(cells, k, r, a, CREATE_NARGS);
     nmeta += reqs[r]->u.bind.nmeta;
   }
-  for (c = 0; c < CREATE_NARGS; c++)
-    flush_col(&head[c], cells, k, c);
+  cols_args(head, cells, k, k, CREATE_NARGS);
   *s = (osr__sql_stmt_t){.stmt = OSR__ST_B_INSERT_ROWS, .args = head, .nargs = CREATE_NARGS};
   if (nmeta > 0) {
     meta = flush_take(f, 3 * nmeta);
     for (r = 0; r < k; r++) {
       for (j = 0; j < reqs[r]->u.bind.nmeta; j++, m++) {
-        meta[m] = A_TEXT(reqs[r]->u.bind.b.id);
-        meta[nmeta + m] = A_TEXT(reqs[r]->u.bind.meta[j].k);
-        meta[2 * nmeta + m] = A_TEXT(reqs[r]->u.bind.meta[j].v);
+        osr__sql_arg_t row[3] = {A_TEXT(reqs[r]->u.bind.b.id),
+                                 A_TEXT(reqs[r]->u.bind.meta[j].k),
+                                 A_TEXT(reqs[r]->u.bind.meta[j].v)};
+        cols_put(meta, nmeta, m, row, 3);
       }
     }
-    for (c = 0; c < 3; c++)
-      flush_col(&head[CREATE_NARGS + c], meta, nmeta, c);
+    cols_args(head + CREATE_NARGS, meta, nmeta, nmeta, 3);
     s->stmt = OSR__ST_B_INSERT_ROWS_META;
     s->nargs = CREATE_NARGS + 3;
   }
@@ -1571,27 +1576,22 @@ static void flush_updates(flush_t *f, osr__req_t **reqs, size_t k)
   cells = flush_take(f, UPDATE_NARGS * k);
   for (r = 0; r < k; r++) {
     update_args(reqs[r], a);
-    for (c = 0; c < UPDATE_NARGS; c++)
-      cells[(size_t)c * k + r] = a[c];
+    cols_put(cells, k, r, a, UPDATE_NARGS);
     na += reqs[r]->u.bind.has_audit != 0;
   }
-  for (c = 0; c < UPDATE_NARGS; c++)
-    flush_col(&head[c], cells, k, c);
+  cols_args(head, cells, k, k, UPDATE_NARGS);
   /* The audit rows ($20 the id of the binding each belongs to, then
    * AUDIT_INSERT's columns), in request order. */
   audit = flush_take(f, (1 + AUDIT_NARGS) * na);
   for (r = 0; r < k; r++) {
-    osr__sql_arg_t e[AUDIT_NARGS];
+    osr__sql_arg_t e[1 + AUDIT_NARGS];
     if (!reqs[r]->u.bind.has_audit)
       continue;
-    audit[m] = A_TEXT(req_bind_id(reqs[r]));
-    audit_args(&reqs[r]->u.bind.ev, e);
-    for (c = 0; c < AUDIT_NARGS; c++)
-      audit[(size_t)(c + 1) * na + m] = e[c];
-    m++;
+    e[0] = A_TEXT(req_bind_id(reqs[r]));
+    audit_args(&reqs[r]->u.bind.ev, e + 1);
+    cols_put(audit, na, m++, e, 1 + AUDIT_NARGS);
   }
-  for (c = 0; c <= AUDIT_NARGS; c++)
-    flush_col(&head[UPDATE_NARGS + c], audit, na, c);
+  cols_args(head + UPDATE_NARGS, audit, na, na, 1 + AUDIT_NARGS);
 }
 
 /* The batch's statements in f (f->cells allocated; the caller frees it), or
