@@ -9,7 +9,7 @@ set -euo pipefail
 build_pkgs=(
   build-essential meson ninja-build pkg-config clang libclang-rt-14-dev
   libuv1-dev libnghttp2-dev libhiredis-dev libmsgpack-dev libsqlite3-dev
-  libpq-dev libyaml-dev libjansson-dev libwslay-dev libcmocka-dev
+  libpq-dev libyaml-dev libjansson-dev libwslay-dev libcmocka-dev libsodium-dev
   node-llhttp android-libboringssl-dev libssl-dev
 )
 # Independent protocol peers the tests drive against our servers and clients.

@@ -5,10 +5,11 @@
  * Keys are held as EVP_PKEYs built once when added, so signing and
  * verifying never parse key material on the hot path, and both BoringSSL
  * and OpenSSL 3 take the same calls (EVP_PKEY_new_raw_*_key with
- * EVP_PKEY_ED25519). A keyring is small and fixed-size (OSR_KEYRING_MAX):
- * rotation needs two or three keys at once, not hundreds, and a linear kid
- * lookup over a handful of entries is cheaper than any index. Kid lookup
- * need not be constant-time: key ids are public.
+ * EVP_PKEY_ED25519); a build with libsodium also keeps a signing key's
+ * seed || pub for crypto_sign_detached (token.c). A keyring is small and
+ * fixed-size (OSR_KEYRING_MAX): rotation needs two or three keys at once,
+ * not hundreds, and a linear kid lookup over a handful of entries is cheaper
+ * than any index. Kid lookup need not be constant-time: key ids are public.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -21,6 +22,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef OSR_HAVE_SODIUM
+#include <sodium.h>
+#endif
 
 #include "token/token_int.h"
 #include "util/log.h"
@@ -87,7 +91,7 @@ static void key_dispose(osr__key_t *k)
 {
   EVP_PKEY_free(k->verify_key);
   EVP_PKEY_free(k->sign_key);
-  memset(k, 0, sizeof(*k));
+  OPENSSL_cleanse(k, sizeof(*k));
 }
 
 void osr_keyring_free(osr_keyring_t *kr)
@@ -115,10 +119,22 @@ static int find_index(const osr_keyring_t *kr, const char *kid)
   return k != NULL ? (int)(k - kr->keys) : -1;
 }
 
-/* Add (or refresh) a key. `sign` may be NULL; `verify` and `sign` are taken
- * over on success and freed on failure. */
+/* Give k the private half: `sign`, and with libsodium its seed || pub. */
+static void key_set_private(osr__key_t *k, EVP_PKEY *sign, const uint8_t *sk)
+{
+  k->sign_key = sign;
+#ifdef OSR_HAVE_SODIUM
+  memcpy(k->sodium_sk, sk, sizeof(k->sodium_sk));
+#else
+  (void)sk;
+#endif
+}
+
+/* Add (or refresh) a key. `sign` may be NULL (and then `sk`, the 64-byte
+ * seed || pub, is unused); `verify` and `sign` are taken over on success and
+ * freed on failure. */
 static int add_key(osr_keyring_t *kr, const char *kid, const uint8_t pub[32], EVP_PKEY *verify,
-                   EVP_PKEY *sign)
+                   EVP_PKEY *sign, const uint8_t *sk)
 {
   int rv = 0;
   int i = find_index(kr, kid);
@@ -132,7 +148,7 @@ static int add_key(osr_keyring_t *kr, const char *kid, const uint8_t pub[32], EV
     }
     EVP_PKEY_free(verify);
     if (sign != NULL && k->sign_key == NULL) {
-      k->sign_key = sign; /* the private half of a key we only verified with */
+      key_set_private(k, sign, sk); /* the private half of a key we only verified with */
       if (kr->active < 0)
         kr->active = i;
     } else {
@@ -149,7 +165,8 @@ static int add_key(osr_keyring_t *kr, const char *kid, const uint8_t pub[32], EV
   snprintf(k->kid, sizeof(k->kid), "%s", kid);
   memcpy(k->pub, pub, 32);
   k->verify_key = verify;
-  k->sign_key = sign;
+  if (sign != NULL)
+    key_set_private(k, sign, sk);
   if (sign != NULL && kr->active < 0)
     kr->active = (int)kr->n;
   kr->n++;
@@ -178,7 +195,27 @@ int osr_keyring_add_private(osr_keyring_t *kr, const char *kid, const uint8_t se
     EVP_PKEY_free(sign);
     return OSR_ENOMEM;
   }
-  return add_key(kr, kid, pub, verify, sign);
+  uint8_t sk[64];
+  memcpy(sk, seed, 32);
+  memcpy(sk + 32, pub, 32);
+#ifdef OSR_HAVE_SODIUM
+  /* sodium_init is idempotent and thread-safe; the two libraries must
+   * derive the same public key from the seed, or signatures would not
+   * verify against the key we publish. */
+  uint8_t spk[32], ssk[64];
+  int bad = sodium_init() < 0 || crypto_sign_seed_keypair(spk, ssk, seed) != 0 ||
+            CRYPTO_memcmp(spk, pub, 32) != 0 || CRYPTO_memcmp(ssk, sk, 64) != 0;
+  OPENSSL_cleanse(ssk, sizeof(ssk));
+  if (bad) {
+    OPENSSL_cleanse(sk, sizeof(sk));
+    EVP_PKEY_free(verify);
+    EVP_PKEY_free(sign);
+    return OSR_EINVAL;
+  }
+#endif
+  int rv = add_key(kr, kid, pub, verify, sign, sk);
+  OPENSSL_cleanse(sk, sizeof(sk));
+  return rv;
 }
 
 int osr_keyring_add_public(osr_keyring_t *kr, const char *kid, const uint8_t pub[32])
@@ -188,7 +225,7 @@ int osr_keyring_add_public(osr_keyring_t *kr, const char *kid, const uint8_t pub
   EVP_PKEY *verify = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, pub, 32);
   if (verify == NULL)
     return OSR_EINVAL; /* BoringSSL accepts any 32 bytes; OpenSSL may refuse some */
-  return add_key(kr, kid, pub, verify, NULL);
+  return add_key(kr, kid, pub, verify, NULL, NULL);
 }
 
 int osr_keyring_set_active(osr_keyring_t *kr, const char *kid)

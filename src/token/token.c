@@ -26,6 +26,9 @@
  */
 #include <msgpack.h>
 #include <openssl/rand.h>
+#ifdef OSR_HAVE_SODIUM
+#include <sodium.h>
+#endif
 #include <stdio.h>
 #include <string.h>
 
@@ -406,14 +409,21 @@ out:
 
 /* ---- signing -------------------------------------------------------------- */
 
-static int ed25519_sign(EVP_PKEY *key, const char *msg, size_t len, uint8_t sig[SIG_LEN])
+/* With libsodium the signature costs 0.63x EVP_DigestSign's CPU, the same
+ * bytes (bench/README.md, "Token signing with libsodium"). */
+static int ed25519_sign(const osr__key_t *key, const char *msg, size_t len, uint8_t sig[SIG_LEN])
 {
+#ifdef OSR_HAVE_SODIUM
+  int rv = crypto_sign_detached(sig, NULL, (const uint8_t *)msg, len, key->sodium_sk);
+  return rv == 0 ? 0 : OSR_ENOMEM;
+#else
   EVP_MD_CTX *ctx = EVP_MD_CTX_new();
   size_t siglen = SIG_LEN;
-  int ok = ctx != NULL && EVP_DigestSignInit(ctx, NULL, NULL, NULL, key) == 1 &&
+  int ok = ctx != NULL && EVP_DigestSignInit(ctx, NULL, NULL, NULL, key->sign_key) == 1 &&
            EVP_DigestSign(ctx, sig, &siglen, (const uint8_t *)msg, len) == 1 && siglen == SIG_LEN;
   EVP_MD_CTX_free(ctx);
   return ok ? 0 : OSR_ENOMEM;
+#endif
 }
 
 static int ed25519_verify(EVP_PKEY *key, const char *msg, size_t len, const uint8_t sig[SIG_LEN])
@@ -462,7 +472,7 @@ int osr_token_sign(const osr_keyring_t *kr, osr_token_claims_t *c, char *out, si
     return n;
   size_t signed_len = PREFIX_LEN + (size_t)n;
   uint8_t sig[SIG_LEN];
-  int rv = ed25519_sign(key->sign_key, out, signed_len, sig);
+  int rv = ed25519_sign(key, out, signed_len, sig);
   if (rv != 0)
     return rv;
   out[signed_len] = '.';

@@ -297,6 +297,67 @@ static void test_forgery(void **state)
 
 /* ---- expiry and access checks --------------------------------------------- */
 
+/* ---- the signature itself -------------------------------------------------- */
+
+/* The Ed25519 signature of the token's first two parts under seed, computed
+ * here with the TLS library's EVP interface (RFC 8032 signatures are
+ * deterministic, so any correct signer gives the same 64 bytes). */
+static void evp_sig(const uint8_t seed[32], const char *tok, uint8_t sig[64])
+{
+  const char *dot = strrchr(tok, '.');
+  EVP_PKEY *key = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, seed, 32);
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  size_t len = 64;
+  assert_non_null(dot);
+  assert_non_null(key);
+  assert_non_null(ctx);
+  assert_int_equal(EVP_DigestSignInit(ctx, NULL, NULL, NULL, key), 1);
+  assert_int_equal(EVP_DigestSign(ctx, sig, &len, (const uint8_t *)tok, (size_t)(dot - tok)), 1);
+  assert_int_equal(len, 64);
+  EVP_MD_CTX_free(ctx);
+  EVP_PKEY_free(key);
+}
+
+/* Whichever library signs (libsodium when built with it, else the TLS
+ * library), a token carries exactly the RFC 8032 signature of its signed
+ * part, for a key added private at once and for one whose private half
+ * came after its public key (the keyring's two ways to a signing key). */
+static void test_signature_is_rfc8032(void **state)
+{
+  (void)state;
+  osr_keyring_t *kr = ring_a();
+  osr_token_claims_t c, d;
+  char tok[OSR_TOKEN_MAX + 1];
+  uint8_t want[64], got[64], payload[OSR_TOKEN_MAX];
+  uint8_t pub_b[32];
+  size_t publen = sizeof(pub_b);
+  EVP_PKEY *kb = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, seed_b, 32);
+
+  for (int i = 0; i < 3; i++) {
+    claims_init(&c);
+    c.exp += i; /* three different messages */
+    sign(kr, &c, tok);
+    split(tok, payload, sizeof(payload), got);
+    evp_sig(seed_a, tok, want);
+    assert_memory_equal(got, want, 64);
+    assert_int_equal(verify(kr, tok, NOW, &d), 0);
+  }
+
+  assert_non_null(kb);
+  assert_int_equal(EVP_PKEY_get_raw_public_key(kb, pub_b, &publen), 1);
+  EVP_PKEY_free(kb);
+  assert_int_equal(osr_keyring_add_public(kr, "kb", pub_b), 0);
+  assert_int_equal(osr_keyring_add_private(kr, "kb", seed_b), 0);
+  claims_init(&c);
+  snprintf(c.kid, sizeof(c.kid), "%s", "kb");
+  sign(kr, &c, tok);
+  split(tok, payload, sizeof(payload), got);
+  evp_sig(seed_b, tok, want);
+  assert_memory_equal(got, want, 64);
+  assert_int_equal(verify(kr, tok, NOW, &d), 0);
+  osr_keyring_free(kr);
+}
+
 static void test_expiry(void **state)
 {
   (void)state;
@@ -997,6 +1058,7 @@ int main(void)
       cmocka_unit_test(test_allows),      cmocka_unit_test(test_unknown_key_and_rotation),
       cmocka_unit_test(test_public_json), cmocka_unit_test(test_malformed),
       cmocka_unit_test(test_revocations), cmocka_unit_test(test_key_dir),
+      cmocka_unit_test(test_signature_is_rfc8032),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
