@@ -4,8 +4,10 @@
 # (latency 0), SQLite (synchronous=NORMAL) or the store URL in $STORE, the
 # reaper at 1 h so its passes stay out of the numbers; WARM creates at C=10,
 # counters zeroed, N measured creates at C=10, dumped; Ir per thread / N.
+# SIM_URL=http://127.0.0.1:PORT uses the sim provider in url mode instead,
+# against an osr-sim you started (create_bench.py's "url" cells).
 #
-#   bench/create_callgrind.sh BUILD_DIR [GATEWAY_BINARY]   (N=2000 WARM=200 C=10 STORE=...)
+#   bench/create_callgrind.sh BUILD_DIR [GATEWAY_BINARY]   (N=2000 WARM=200 C=10 STORE=... SIM_URL=...)
 set -eu
 BUILD=${1:?build dir}
 GW=${2:-$BUILD/src/osr-gateway}
@@ -15,7 +17,7 @@ C=${C:-10}
 PORT=${PORT:-17391}
 D=$(mktemp -d /tmp/osr-cg.XXXXXX)
 cat > "$D/osr.yaml" <<YAML
-{"providers": [{"name": "sim", "type": "sim", "latency_ms": 0}],
+{"providers": [{"name": "sim", "type": "sim", ${SIM_URL:+"url": "$SIM_URL", }"latency_ms": 0}],
  "reaper": {"interval_ms": 3600000}}
 YAML
 KEY=cg-admin-key-0123456789abcdef
