@@ -391,32 +391,32 @@ size_t osr__sbx_place(osr_gw_t *gw, const osr__sbx_req_t *r, osr_candidate_t *ou
 
 /* {gpu:{count,type}, snapshot, ports, minMemoryMiB, vcpus, region,
  * isolation}, in this order, as the tree this replaced serialised it. */
-void osr__caps_write(osr__jw_t *w, const osr_capabilities_t *c)
+void osr__caps_write(osr_jw_t *w, const osr_capabilities_t *c)
 {
-  osr__jw_lit(w, "{\"gpu\":{\"count\":");
-  osr__jw_int(w, c->gpu_count);
-  osr__jw_lit(w, ",\"type\":");
-  osr__jw_str(w, c->gpu_type[0] ? c->gpu_type : NULL);
-  osr__jw_lit(w, "},\"snapshot\":");
+  osr_jw_lit(w, "{\"gpu\":{\"count\":");
+  osr_jw_int(w, c->gpu_count);
+  osr_jw_lit(w, ",\"type\":");
+  osr_jw_str(w, c->gpu_type[0] ? c->gpu_type : NULL);
+  osr_jw_lit(w, "},\"snapshot\":");
   if (c->snapshot)
-    osr__jw_lit(w, "true");
+    osr_jw_lit(w, "true");
   else
-    osr__jw_lit(w, "false");
-  osr__jw_lit(w, ",\"ports\":[");
+    osr_jw_lit(w, "false");
+  osr_jw_lit(w, ",\"ports\":[");
   for (size_t i = 0; i < c->nports && i < OSR_MAX_PORTS; i++) {
     if (i > 0)
-      osr__jw_lit(w, ",");
-    osr__jw_int(w, c->ports[i]);
+      osr_jw_lit(w, ",");
+    osr_jw_int(w, c->ports[i]);
   }
-  osr__jw_lit(w, "],\"minMemoryMiB\":");
-  osr__jw_int(w, c->min_memory_mib);
-  osr__jw_lit(w, ",\"vcpus\":");
-  osr__jw_int(w, c->vcpus);
-  osr__jw_lit(w, ",\"region\":");
-  osr__jw_str(w, c->region[0] ? c->region : NULL);
-  osr__jw_lit(w, ",\"isolation\":");
-  osr__jw_str(w, c->isolation != OSR_ISO_NONE ? osr_isolation_name(c->isolation) : NULL);
-  osr__jw_lit(w, "}");
+  osr_jw_lit(w, "],\"minMemoryMiB\":");
+  osr_jw_int(w, c->min_memory_mib);
+  osr_jw_lit(w, ",\"vcpus\":");
+  osr_jw_int(w, c->vcpus);
+  osr_jw_lit(w, ",\"region\":");
+  osr_jw_str(w, c->region[0] ? c->region : NULL);
+  osr_jw_lit(w, ",\"isolation\":");
+  osr_jw_str(w, c->isolation != OSR_ISO_NONE ? osr_isolation_name(c->isolation) : NULL);
+  osr_jw_lit(w, "}");
 }
 
 int osr__caps_cover(const osr_capabilities_t *a, const osr_capabilities_t *g, char *why,
@@ -496,7 +496,7 @@ static json_t *time_or_null(int64_t ms)
   char buf[32];
   if (ms <= 0)
     return json_null();
-  osr__rfc3339(ms, buf);
+  osr_jw_rfc3339(ms, buf);
   return json_string(buf);
 }
 
@@ -515,92 +515,92 @@ static int doc_ok(const char *s, size_t *len)
 
 /* The answer up to and including "dataplaneUrl": everything before the
  * token. */
-static void sandbox_write_head(osr_gw_t *gw, const osr_binding_t *b, osr__jw_t *w)
+static void sandbox_write_head(osr_gw_t *gw, const osr_binding_t *b, osr_jw_t *w)
 {
   const osr_gw_config_t *cfg = gw->cfg;
   size_t n;
 
-  osr__jw_lit(w, "{\"id\":");
-  osr__jw_str(w, b->id);
-  osr__jw_lit(w, ",\"state\":");
-  osr__jw_str(w, osr_binding_state_name(b->state));
-  osr__jw_lit(w, ",\"tenant\":");
-  osr__jw_str(w, b->tenant);
-  osr__jw_lit(w, ",\"template\":");
-  osr__jw_str(w, b->template_id[0] ? b->template_id : NULL);
-  osr__jw_lit(w, ",\"binding\":{\"provider\":");
-  osr__jw_str(w, b->provider[0] ? b->provider : NULL);
-  osr__jw_lit(w, ",\"providerId\":");
-  osr__jw_str(w, b->provider_id[0] ? b->provider_id : NULL);
-  osr__jw_lit(w, ",\"region\":");
-  osr__jw_str(w, b->region[0] ? b->region : NULL);
-  osr__jw_lit(w, ",\"isolation\":");
-  osr__jw_str(w, b->isolation != OSR_ISO_NONE ? osr_isolation_name(b->isolation) : NULL);
-  osr__jw_lit(w, ",\"capabilities\":");
+  osr_jw_lit(w, "{\"id\":");
+  osr_jw_str(w, b->id);
+  osr_jw_lit(w, ",\"state\":");
+  osr_jw_str(w, osr_binding_state_name(b->state));
+  osr_jw_lit(w, ",\"tenant\":");
+  osr_jw_str(w, b->tenant);
+  osr_jw_lit(w, ",\"template\":");
+  osr_jw_str(w, b->template_id[0] ? b->template_id : NULL);
+  osr_jw_lit(w, ",\"binding\":{\"provider\":");
+  osr_jw_str(w, b->provider[0] ? b->provider : NULL);
+  osr_jw_lit(w, ",\"providerId\":");
+  osr_jw_str(w, b->provider_id[0] ? b->provider_id : NULL);
+  osr_jw_lit(w, ",\"region\":");
+  osr_jw_str(w, b->region[0] ? b->region : NULL);
+  osr_jw_lit(w, ",\"isolation\":");
+  osr_jw_str(w, b->isolation != OSR_ISO_NONE ? osr_isolation_name(b->isolation) : NULL);
+  osr_jw_lit(w, ",\"capabilities\":");
   if (doc_ok(b->granted_json, &n))
-    osr__jw_raw(w, b->granted_json, n);
+    osr_jw_raw(w, b->granted_json, n);
   else
-    osr__jw_lit(w, "null");
-  osr__jw_lit(w, ",\"attempt\":");
-  osr__jw_int(w, b->attempt);
-  osr__jw_lit(w, "}");
+    osr_jw_lit(w, "null");
+  osr_jw_lit(w, ",\"attempt\":");
+  osr_jw_int(w, b->attempt);
+  osr_jw_lit(w, "}");
 
   /* The data-plane URL: the configured public URL, else the listen address. */
-  osr__jw_lit(w, ",\"dataplaneUrl\":");
+  osr_jw_lit(w, ",\"dataplaneUrl\":");
   if (cfg->dataplane_url != NULL) {
-    osr__jw_str(w, cfg->dataplane_url);
+    osr_jw_str(w, cfg->dataplane_url);
   } else if (cfg->dataplane_listen != NULL) {
     char dp[300];
     snprintf(dp, sizeof(dp), "http://%s", cfg->dataplane_listen);
-    osr__jw_str(w, dp);
+    osr_jw_str(w, dp);
   } else {
-    osr__jw_lit(w, "null");
+    osr_jw_lit(w, "null");
   }
 }
 
 /* ,"token":...,"tokenExpiresAt":... (tok NULL: both null). */
-static void sandbox_write_token(osr__jw_t *w, const char *tok, const osr_token_claims_t *tc)
+static void sandbox_write_token(osr_jw_t *w, const char *tok, const osr_token_claims_t *tc)
 {
   if (tok == NULL) {
-    osr__jw_lit(w, ",\"token\":null,\"tokenExpiresAt\":null");
+    osr_jw_lit(w, ",\"token\":null,\"tokenExpiresAt\":null");
     return;
   }
-  osr__jw_lit(w, ",\"token\":");
-  osr__jw_str(w, tok);
-  osr__jw_lit(w, ",\"tokenExpiresAt\":");
-  osr__jw_time(w, (int64_t)tc->exp * 1000);
+  osr_jw_lit(w, ",\"token\":");
+  osr_jw_str(w, tok);
+  osr_jw_lit(w, ",\"tokenExpiresAt\":");
+  osr_jw_time(w, (int64_t)tc->exp * 1000);
 }
 
 /* Everything after the token, closing brace included. */
-static void sandbox_write_tail(const osr_binding_t *b, osr__jw_t *w)
+static void sandbox_write_tail(const osr_binding_t *b, osr_jw_t *w)
 {
   size_t n;
-  osr__jw_lit(w, ",\"createdAt\":");
-  osr__jw_time(w, b->created_ms);
-  osr__jw_lit(w, ",\"updatedAt\":");
-  osr__jw_time(w, b->updated_ms);
-  osr__jw_lit(w, ",\"expiresAt\":");
-  osr__jw_time(w, b->expires_ms);
-  osr__jw_lit(w, ",\"idleTimeoutSeconds\":");
-  osr__jw_int(w, b->idle_timeout_ms / 1000);
-  osr__jw_lit(w, ",\"lastActivityAt\":");
-  osr__jw_time(w, b->last_activity_ms);
-  osr__jw_lit(w, ",\"metadata\":");
+  osr_jw_lit(w, ",\"createdAt\":");
+  osr_jw_time(w, b->created_ms);
+  osr_jw_lit(w, ",\"updatedAt\":");
+  osr_jw_time(w, b->updated_ms);
+  osr_jw_lit(w, ",\"expiresAt\":");
+  osr_jw_time(w, b->expires_ms);
+  osr_jw_lit(w, ",\"idleTimeoutSeconds\":");
+  osr_jw_int(w, b->idle_timeout_ms / 1000);
+  osr_jw_lit(w, ",\"lastActivityAt\":");
+  osr_jw_time(w, b->last_activity_ms);
+  osr_jw_lit(w, ",\"metadata\":");
   if (doc_ok(b->metadata_json, &n))
-    osr__jw_raw(w, b->metadata_json, n);
+    osr_jw_raw(w, b->metadata_json, n);
   else
-    osr__jw_lit(w, "{}");
+    osr_jw_lit(w, "{}");
   if (b->ended_ms > 0 || b->end_reason[0]) {
-    osr__jw_lit(w, ",\"endedAt\":");
-    osr__jw_time(w, b->ended_ms);
-    osr__jw_lit(w, ",\"endReason\":");
-    osr__jw_str(w, b->end_reason);
+    osr_jw_lit(w, ",\"endedAt\":");
+    osr_jw_time(w, b->ended_ms);
+    osr_jw_lit(w, ",\"endReason\":");
+    osr_jw_str(w, b->end_reason);
   }
   if (doc_ok(b->error_json, &n)) {
-    osr__jw_lit(w, ",\"error\":");
-    osr__jw_raw(w, b->error_json, n);
+    osr_jw_lit(w, ",\"error\":");
+    osr_jw_raw(w, b->error_json, n);
   }
-  osr__jw_lit(w, "}");
+  osr_jw_lit(w, "}");
 }
 
 /* The create answer's token grants everything (the creator owns the
@@ -617,7 +617,7 @@ static void full_token_req(osr__token_req_t *tr)
   tr->all_ports = 1;
 }
 
-void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr__jw_t *w)
+void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr_jw_t *w)
 {
   sandbox_write_head(gw, b, w);
   if (wants_token(b, with_token)) {
@@ -639,20 +639,20 @@ void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, os
 
 json_t *osr_gw_sandbox_json(osr_gw_t *gw, const osr_binding_t *b, int with_token)
 {
-  osr__jw_t w;
+  osr_jw_t w;
   size_t len = 0;
-  osr__jw_init(&w, SANDBOX_JSON_MAX);
+  osr_jw_init(&w, SANDBOX_JSON_MAX);
   osr__sandbox_write(gw, b, with_token, &w);
-  char *s = osr__jw_release(&w, &len);
+  char *s = osr_jw_release(&w, &len);
   json_t *j = s != NULL ? json_loadb(s, len, 0, NULL) : NULL;
   osr_free(s);
   return j;
 }
 
-static void reply_written(osr_gw_call_t *call, int status, osr__jw_t *w)
+static void reply_written(osr_gw_call_t *call, int status, osr_jw_t *w)
 {
   size_t len = 0;
-  char *s = osr__jw_release(w, &len);
+  char *s = osr_jw_release(w, &len);
   if (s == NULL) {
     osr_gw_error(call, 500, "internal", "out of memory", NULL);
     return;
@@ -670,7 +670,7 @@ typedef struct signed_reply_s {
   int status;
   uint64_t queued_us; /* for the trace line */
   char id[OSR_ID_MAX];
-  osr__jw_t head, tail;
+  osr_jw_t head, tail;
 } signed_reply_t;
 
 static void signed_reply_minted(int status, const char *tok, const osr_token_claims_t *tc,
@@ -683,14 +683,14 @@ static void signed_reply_minted(int status, const char *tok, const osr_token_cla
                 uv_hrtime() / 1000 - sr->queued_us);
   sandbox_write_token(&sr->head, status == 0 ? tok : NULL, tc);
   size_t tlen = 0;
-  char *t = osr__jw_release(&sr->tail, &tlen);
+  char *t = osr_jw_release(&sr->tail, &tlen);
   if (t != NULL)
-    osr__jw_raw(&sr->head, t, tlen);
+    osr_jw_raw(&sr->head, t, tlen);
   else
     sr->head.err = 1;
   osr_free(t);
   reply_written(sr->call, sr->status, &sr->head);
-  osr__jw_dispose(&sr->head);
+  osr_jw_dispose(&sr->head);
   osr_gw_call_release(sr->call);
   osr_free(sr);
 }
@@ -698,19 +698,19 @@ static void signed_reply_minted(int status, const char *tok, const osr_token_cla
 void osr__sandbox_reply_signed(osr_gw_call_t *call, int status, const osr_binding_t *b,
                                const char *tok, const osr_token_claims_t *claims)
 {
-  osr__jw_t w;
-  osr__jw_init(&w, SANDBOX_JSON_MAX);
+  osr_jw_t w;
+  osr_jw_init(&w, SANDBOX_JSON_MAX);
   sandbox_write_head(call->gw, b, &w);
   sandbox_write_token(&w, tok, claims);
   sandbox_write_tail(b, &w);
   reply_written(call, status, &w);
-  osr__jw_dispose(&w);
+  osr_jw_dispose(&w);
 }
 
 void osr__sandbox_reply(osr_gw_call_t *call, int status, const osr_binding_t *b, int with_token)
 {
   osr_gw_t *gw = call->gw;
-  osr__jw_t w;
+  osr_jw_t w;
   if (wants_token(b, with_token)) {
     signed_reply_t *sr = osr_xmalloc(sizeof(*sr));
     osr__token_req_t tr;
@@ -719,8 +719,8 @@ void osr__sandbox_reply(osr_gw_call_t *call, int status, const osr_binding_t *b,
     sr->status = status;
     sr->queued_us = uv_hrtime() / 1000;
     snprintf(sr->id, sizeof(sr->id), "%s", b->id);
-    osr__jw_init(&sr->head, SANDBOX_JSON_MAX);
-    osr__jw_init(&sr->tail, SANDBOX_JSON_MAX);
+    osr_jw_init(&sr->head, SANDBOX_JSON_MAX);
+    osr_jw_init(&sr->tail, SANDBOX_JSON_MAX);
     sandbox_write_head(gw, b, &sr->head);
     sandbox_write_tail(b, &sr->tail);
     osr_gw_call_hold(call);
@@ -729,10 +729,10 @@ void osr__sandbox_reply(osr_gw_call_t *call, int status, const osr_binding_t *b,
       signed_reply_minted(rv, NULL, NULL, sr); /* answered now, token null */
     return;
   }
-  osr__jw_init(&w, SANDBOX_JSON_MAX);
+  osr_jw_init(&w, SANDBOX_JSON_MAX);
   osr__sandbox_write(gw, b, with_token, &w);
   reply_written(call, status, &w);
-  osr__jw_dispose(&w);
+  osr_jw_dispose(&w);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -531,11 +531,11 @@ static void success_stored(int status, void *data)
 /* Granted capabilities as stored (compact JSON, heap, osr_free). */
 static char *caps_text(const osr_capabilities_t *g)
 {
-  osr__jw_t w;
+  osr_jw_t w;
   size_t len;
-  osr__jw_init(&w, 16 * 1024);
+  osr_jw_init(&w, 16 * 1024);
   osr__caps_write(&w, g);
-  return osr__jw_release(&w, &len);
+  return osr_jw_release(&w, &len);
 }
 
 static void token_signed(int status, const char *tok, const osr_token_claims_t *claims, void *data)
@@ -637,15 +637,15 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   b->granted_json = caps_text(&res->granted);
   /* {"attempt":N,"provider":"...","providerId":"..."}: the audit detail
    * with sorted keys, as osr_gw_audit would have written it. */
-  osr__jw_t w;
-  osr__jw_init(&w, 4096);
-  osr__jw_lit(&w, "{\"attempt\":");
-  osr__jw_int(&w, b->attempt);
-  osr__jw_lit(&w, ",\"provider\":");
-  osr__jw_str(&w, b->provider);
-  osr__jw_lit(&w, ",\"providerId\":");
-  osr__jw_str(&w, b->provider_id);
-  osr__jw_lit(&w, "}");
+  osr_jw_t w;
+  osr_jw_init(&w, 4096);
+  osr_jw_lit(&w, "{\"attempt\":");
+  osr_jw_int(&w, b->attempt);
+  osr_jw_lit(&w, ",\"provider\":");
+  osr_jw_str(&w, b->provider);
+  osr_jw_lit(&w, ",\"providerId\":");
+  osr_jw_str(&w, b->provider_id);
+  osr_jw_lit(&w, "}");
   size_t dlen;
   /* On the thread pool the signature starts first (it runs in parallel
    * anyway); inline, the commit is queued first so the store thread works
@@ -655,7 +655,7 @@ static void on_created(osr_provider_t *p, int status, const osr_resource_t *res,
   if (sign_first)
     start_signing(c);
   int rv = update_audited(c->gw, b, OSR_BINDING_CREATING, 0, 1, &c->call->auth, "create", "ok",
-                          osr__jw_release(&w, &dlen), success_stored, c);
+                          osr_jw_release(&w, &dlen), success_stored, c);
   if (rv != 0) {
     success_stored(rv, c);
     return;

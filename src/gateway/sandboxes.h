@@ -18,6 +18,7 @@
 #include "gateway/placement.h"
 #include "gateway/providers.h"
 #include "util/buf.h"
+#include "util/jsonw.h"
 
 /* Caps on what a create request may carry (documented in openapi.json). */
 #define OSR_SBX_MAP_MAX 64        /* env / metadata entries */
@@ -160,42 +161,19 @@ int osr__token_sign_inline(void);
 /** An audit identity for the system's own actions ("reaper", "system"). */
 void osr__auth_system(osr_gw_auth_t *a, const char *actor, const char *tenant);
 
-/* ---- direct JSON writing (gw_util.c) -------------------------------------
+/* ---- direct JSON writing (util/jsonw.h) ----------------------------------
  * The create answer, the granted capabilities and the audit details are
  * written straight into one buffer instead of being built as a jansson tree
  * and serialised: the tree cost ~70,000 instructions per answer to build and
  * as much again to dump (jansson's loop check does snprintf("%p") and a hash
  * insert per nested object). The output is byte for byte what json_dumps
- * (JSON_COMPACT) of the equivalent tree gives, so clients see no change.
- * Errors are sticky: after one failed append (cap reached, out of memory)
- * every later call does nothing and release returns NULL. */
-typedef struct osr__jw_s {
-  osr_buf_t b;
-  int err;
-} osr__jw_t;
-
-/** Empty writer that may grow to `max` bytes. Allocates nothing yet. */
-void osr__jw_init(osr__jw_t *w, size_t max);
-void osr__jw_dispose(osr__jw_t *w);
-/** Append `n` bytes as they are (already JSON). */
-void osr__jw_raw(osr__jw_t *w, const char *s, size_t n);
-#define osr__jw_lit(w, lit) osr__jw_raw((w), "" lit, sizeof(lit) - 1)
-/** A JSON string with jansson's escaping, or null for NULL. */
-void osr__jw_str(osr__jw_t *w, const char *s);
-void osr__jw_int(osr__jw_t *w, int64_t v);
-/** RFC 3339 UTC with milliseconds (as osr_gw_rfc3339), quoted; null if ms <= 0. */
-void osr__jw_time(osr__jw_t *w, int64_t ms);
-/** The text (NUL-terminated, free with osr_free) and its length; NULL after
- *  an error. The writer is empty afterwards. */
-char *osr__jw_release(osr__jw_t *w, size_t *len);
-/** `ms` as "YYYY-MM-DDTHH:MM:SS.mmmZ" (24 bytes + NUL) without gmtime/strftime. */
-void osr__rfc3339(int64_t ms, char out[32]);
+ * (JSON_COMPACT) of the equivalent tree gives, so clients see no change. */
 
 /** Capabilities as the API shows them ({gpu:{count,type}, snapshot, ports,
  *  minMemoryMiB, vcpus, region, isolation}), compact JSON. */
-void osr__caps_write(osr__jw_t *w, const osr_capabilities_t *c);
+void osr__caps_write(osr_jw_t *w, const osr_capabilities_t *c);
 /** Write osr_gw_sandbox_json(gw, b, with_token) without building it. */
-void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr__jw_t *w);
+void osr__sandbox_write(osr_gw_t *gw, const osr_binding_t *b, int with_token, osr_jw_t *w);
 /** Answer `call` with the sandbox (osr_gw_reply of osr_gw_sandbox_json,
  *  without the tree; a call with a reshape hook gets the tree). With a
  *  token to show (with_token and a RUNNING/PAUSED sandbox) the answer is
