@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "net/http.h"
+#include "util/jsonw.h"
 #include "util/log.h"
 #include "util/mem.h"
 #include "util/text.h"
@@ -52,6 +53,8 @@
 #define SIM_MAX_RESPONSE (64u << 20)
 /* Largest page list_page() serves (osr-sim's ?limit= too). */
 #define SIM_MAX_PAGE 10000
+/* Largest create request body (escaped names: far below this). */
+#define SIM_MAX_REQUEST (64u << 10)
 
 typedef struct sim_res_s {
   osr_resource_t r;
@@ -98,7 +101,7 @@ typedef struct sim_call_s {
   osr_rest_op_t *rop;
   sim_t *sim;
   int kind;
-  char *req_body; /* jansson memory (osr_json_free) */
+  char *req_body; /* create: osr__sim_create_body (osr_free) */
   osr_resource_t res;
   osr_resource_t *list;
   size_t nlist;
@@ -231,16 +234,93 @@ json_t *osr__sim_resource_to_json(const osr_resource_t *r, const char *tenant, i
       (json_int_t)g->gpu_count, "type", g->gpu_type, "snapshot", g->snapshot, "ports", ports);
 }
 
+/* Readers of one object member with json_unpack's validation, without its
+ * format-string interpretation (~15,000 instructions per answer on the
+ * loop thread). Each returns 0, or -1 when the member is there with the
+ * wrong type (null included); an absent member leaves *out as it is
+ * (json_unpack's "s?x") unless `required` ("s:s"). */
+static int get_str(const json_t *obj, const char *key, int required, const char **out)
+{
+  const json_t *v = json_object_get(obj, key);
+  if (v == NULL)
+    return required ? -1 : 0;
+  if (!json_is_string(v))
+    return -1;
+  *out = json_string_value(v);
+  return 0;
+}
+
+static int opt_int(const json_t *obj, const char *key, json_int_t *out)
+{
+  const json_t *v = json_object_get(obj, key);
+  if (v == NULL)
+    return 0;
+  if (!json_is_integer(v))
+    return -1;
+  *out = json_integer_value(v);
+  return 0;
+}
+
+static int opt_bool(const json_t *obj, const char *key, int *out)
+{
+  const json_t *v = json_object_get(obj, key);
+  if (v == NULL)
+    return 0;
+  if (!json_is_boolean(v))
+    return -1;
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* "granted" as the former json_unpack(granted,
+ * "{s?I,s?I,s?{s?I,s?s},s?b,s?o}", vcpus, memoryMiB, gpu {count, type},
+ * snapshot, ports), whose result was not checked: members are read in that
+ * order and reading stops at the first one of the wrong type, keeping what
+ * was read before it (as json_unpack does) and defaults for the rest. */
+static void read_granted(const json_t *granted, osr_capabilities_t *g)
+{
+  json_int_t vcpus = 0, mem = 0, gcount = 0;
+  const char *gtype = "";
+  int snap = 0;
+  const json_t *ports = NULL, *gpu;
+  if (opt_int(granted, "vcpus", &vcpus) != 0 || opt_int(granted, "memoryMiB", &mem) != 0)
+    goto out;
+  gpu = json_object_get(granted, "gpu");
+  if (gpu != NULL && (!json_is_object(gpu) || opt_int(gpu, "count", &gcount) != 0 ||
+                      get_str(gpu, "type", 0, &gtype) != 0))
+    goto out;
+  if (opt_bool(granted, "snapshot", &snap) != 0)
+    goto out;
+  ports = json_object_get(granted, "ports");
+out:
+  g->vcpus = (uint32_t)vcpus;
+  g->min_memory_mib = (uint32_t)mem;
+  g->gpu_count = (uint32_t)gcount;
+  copy_str(g->gpu_type, sizeof(g->gpu_type), gtype);
+  g->snapshot = snap;
+  size_t i;
+  json_t *v;
+  json_array_foreach(ports, i, v)
+  {
+    if (g->nports < OSR_MAX_PORTS && json_is_integer(v))
+      g->ports[g->nports++] = (uint16_t)json_integer_value(v);
+  }
+}
+
 int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant)
 {
   const char *id = NULL, *sid = NULL, *ten = "", *region = "", *iso = NULL, *state = "unknown",
              *ep = "";
-  json_t *granted = NULL;
   memset(r, 0, sizeof(*r));
-  if (json_unpack((json_t *)j, "{s:s,s:s,s?s,s?s,s?s,s?s,s?s,s?o}", "id", &id, "sandbox_id", &sid,
-                  "tenant", &ten, "region", &region, "isolation", &iso, "state", &state,
-                  "agent_endpoint", &ep, "granted", &granted) != 0)
+  /* The former json_unpack(j, "{s:s,s:s,s?s,s?s,s?s,s?s,s?s,s?o}", id,
+   * sandbox_id, tenant, region, isolation, state, agent_endpoint, granted):
+   * the same members, types and absent-member defaults. */
+  if (!json_is_object(j) || get_str(j, "id", 1, &id) != 0 ||
+      get_str(j, "sandbox_id", 1, &sid) != 0 || get_str(j, "tenant", 0, &ten) != 0 ||
+      get_str(j, "region", 0, &region) != 0 || get_str(j, "isolation", 0, &iso) != 0 ||
+      get_str(j, "state", 0, &state) != 0 || get_str(j, "agent_endpoint", 0, &ep) != 0)
     return OSR_EINVAL;
+  const json_t *granted = json_object_get(j, "granted");
   if (strlen(id) >= sizeof(r->provider_id) || strlen(sid) >= sizeof(r->sandbox_id))
     return OSR_EINVAL;
   copy_str(r->provider_id, sizeof(r->provider_id), id);
@@ -252,26 +332,8 @@ int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant
   if (tenant != NULL)
     copy_str(tenant, OSR_NAME_MAX, ten);
   osr_capabilities_t *g = &r->granted;
-  if (json_is_object(granted)) {
-    json_int_t vcpus = 0, mem = 0, gcount = 0;
-    const char *gtype = "";
-    int snap = 0;
-    json_t *ports = NULL;
-    json_unpack(granted, "{s?I,s?I,s?{s?I,s?s},s?b,s?o}", "vcpus", &vcpus, "memoryMiB", &mem, "gpu",
-                "count", &gcount, "type", &gtype, "snapshot", &snap, "ports", &ports);
-    g->vcpus = (uint32_t)vcpus;
-    g->min_memory_mib = (uint32_t)mem;
-    g->gpu_count = (uint32_t)gcount;
-    copy_str(g->gpu_type, sizeof(g->gpu_type), gtype);
-    g->snapshot = snap;
-    size_t i;
-    json_t *v;
-    json_array_foreach(ports, i, v)
-    {
-      if (g->nports < OSR_MAX_PORTS && json_is_integer(v))
-        g->ports[g->nports++] = (uint16_t)json_integer_value(v);
-    }
-  }
+  if (json_is_object(granted))
+    read_granted(granted, g);
   copy_str(g->region, sizeof(g->region), r->region);
   g->isolation = r->isolation;
   return 0;
@@ -1010,8 +1072,8 @@ static void call_deliver(osr_rest_op_t *rop, int status)
 static void call_release(osr_rest_op_t *rop)
 {
   sim_call_t *c = osr_rest_user(rop);
-  if (c->req_body != NULL)
-    osr_json_free(c->req_body);
+  osr_free(c->req_body);
+  c->req_body = NULL;
   osr_free(c->list);
 }
 
@@ -1028,14 +1090,61 @@ static sim_call_t *call_new(sim_t *s, int kind, void *data)
 
 /* ---- adapter operations ------------------------------------------------------ */
 
-static json_t *caps_json(const osr_capabilities_t *c)
+/* The create request osr-sim reads (POST /v1/resources), written straight
+ * into one buffer: building it with json_pack and serialising it with
+ * json_dumps cost ~77,000 instructions of the loop thread per create. The
+ * bytes (keys, order, escaping) are exactly what
+ *   json_pack("{s:s,s:s,s:s,s:s?,s:s,s:I,s:o,s:{s:s,s:s}}", sandbox_id,
+ *             tenant, template, isolation, region, timeout_s,
+ *             caps {vcpus, memoryMiB, gpu {count, type}, snapshot, ports},
+ *             labels {OSR_LABEL_SANDBOX_ID, OSR_LABEL_TENANT})
+ * dumped with JSON_COMPACT gave (tests/unit/adapters/test_sim.c checks). */
+static void write_caps(osr_jw_t *w, const osr_capabilities_t *c)
 {
-  json_t *ports = json_array();
-  for (size_t i = 0; i < c->nports && i < OSR_MAX_PORTS; i++)
-    json_array_append_new(ports, json_integer(c->ports[i]));
-  return json_pack("{s:I,s:I,s:{s:I,s:s},s:b,s:o}", "vcpus", (json_int_t)c->vcpus, "memoryMiB",
-                   (json_int_t)c->min_memory_mib, "gpu", "count", (json_int_t)c->gpu_count, "type",
-                   c->gpu_type, "snapshot", c->snapshot, "ports", ports);
+  osr_jw_lit(w, "{\"vcpus\":");
+  osr_jw_int(w, c->vcpus);
+  osr_jw_lit(w, ",\"memoryMiB\":");
+  osr_jw_int(w, c->min_memory_mib);
+  osr_jw_lit(w, ",\"gpu\":{\"count\":");
+  osr_jw_int(w, c->gpu_count);
+  osr_jw_lit(w, ",\"type\":");
+  osr_jw_str(w, c->gpu_type);
+  osr_jw_lit(w, "},\"snapshot\":");
+  osr_jw_bool(w, c->snapshot);
+  osr_jw_lit(w, ",\"ports\":[");
+  for (size_t i = 0; i < c->nports && i < OSR_MAX_PORTS; i++) {
+    if (i > 0)
+      osr_jw_lit(w, ",");
+    osr_jw_int(w, c->ports[i]);
+  }
+  osr_jw_lit(w, "]}");
+}
+
+char *osr__sim_create_body(const osr_sandbox_spec_t *spec, size_t *len)
+{
+  const char *tenant = spec->tenant != NULL ? spec->tenant : "";
+  osr_jw_t w;
+  osr_jw_init(&w, SIM_MAX_REQUEST);
+  osr_jw_lit(&w, "{\"sandbox_id\":");
+  osr_jw_str(&w, spec->sandbox_id);
+  osr_jw_lit(&w, ",\"tenant\":");
+  osr_jw_str(&w, tenant);
+  osr_jw_lit(&w, ",\"template\":");
+  osr_jw_str(&w, spec->template_id != NULL ? spec->template_id : "");
+  osr_jw_lit(&w, ",\"isolation\":");
+  osr_jw_str(&w, osr_isolation_name(spec->isolation)); /* NULL: null */
+  osr_jw_lit(&w, ",\"region\":");
+  osr_jw_str(&w, spec->region != NULL ? spec->region : "");
+  osr_jw_lit(&w, ",\"timeout_s\":");
+  osr_jw_int(&w, spec->timeout_s);
+  osr_jw_lit(&w, ",\"caps\":");
+  write_caps(&w, &spec->caps);
+  osr_jw_lit(&w, ",\"labels\":{\"" OSR_LABEL_SANDBOX_ID "\":");
+  osr_jw_str(&w, spec->sandbox_id);
+  osr_jw_lit(&w, ",\"" OSR_LABEL_TENANT "\":");
+  osr_jw_str(&w, tenant);
+  osr_jw_lit(&w, "}}");
+  return osr_jw_release(&w, len);
 }
 
 static int sim_create(osr_provider_t *p, const osr_sandbox_spec_t *spec, osr_provider_create_cb cb,
@@ -1050,16 +1159,8 @@ static int sim_create(osr_provider_t *p, const osr_sandbox_spec_t *spec, osr_pro
   if (s->url_mode) {
     sim_call_t *c = call_new(s, OP_CREATE, data);
     c->cb.create = cb;
-    const char *iso = osr_isolation_name(spec->isolation);
-    json_t *b = json_pack("{s:s,s:s,s:s,s:s?,s:s,s:I,s:o,s:{s:s,s:s}}", "sandbox_id",
-                          spec->sandbox_id, "tenant", spec->tenant != NULL ? spec->tenant : "",
-                          "template", spec->template_id != NULL ? spec->template_id : "",
-                          "isolation", iso, "region", spec->region != NULL ? spec->region : "",
-                          "timeout_s", (json_int_t)spec->timeout_s, "caps", caps_json(&spec->caps),
-                          "labels", OSR_LABEL_SANDBOX_ID, spec->sandbox_id, OSR_LABEL_TENANT,
-                          spec->tenant != NULL ? spec->tenant : "");
-    c->req_body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
-    json_decref(b);
+    size_t len;
+    c->req_body = osr__sim_create_body(spec, &len);
     if (c->req_body == NULL) {
       osr_rest_finish(c->rop, OSR_ENOMEM);
       return 0;

@@ -549,6 +549,260 @@ static void test_url_refused(void **state)
   assert_int_equal(sync_calls, 0);
 }
 
+/* ---- wire format: the create body and the resource reader ---------------- */
+
+/* The create body as sim_create built it before osr__sim_create_body: the
+ * json_pack + json_dumps(JSON_COMPACT) pair osr__sim_create_body replaced,
+ * kept here as the reference its bytes must equal. */
+static char *old_create_body(const osr_sandbox_spec_t *spec)
+{
+  const osr_capabilities_t *c = &spec->caps;
+  json_t *ports = json_array();
+  for (size_t i = 0; i < c->nports && i < OSR_MAX_PORTS; i++)
+    json_array_append_new(ports, json_integer(c->ports[i]));
+  json_t *caps =
+      json_pack("{s:I,s:I,s:{s:I,s:s},s:b,s:o}", "vcpus", (json_int_t)c->vcpus, "memoryMiB",
+                (json_int_t)c->min_memory_mib, "gpu", "count", (json_int_t)c->gpu_count, "type",
+                c->gpu_type, "snapshot", c->snapshot, "ports", ports);
+  json_t *b = json_pack(
+      "{s:s,s:s,s:s,s:s?,s:s,s:I,s:o,s:{s:s,s:s}}", "sandbox_id", spec->sandbox_id, "tenant",
+      spec->tenant != NULL ? spec->tenant : "", "template",
+      spec->template_id != NULL ? spec->template_id : "", "isolation",
+      osr_isolation_name(spec->isolation), "region", spec->region != NULL ? spec->region : "",
+      "timeout_s", (json_int_t)spec->timeout_s, "caps", caps, "labels", OSR_LABEL_SANDBOX_ID,
+      spec->sandbox_id, OSR_LABEL_TENANT, spec->tenant != NULL ? spec->tenant : "");
+  assert_non_null(b);
+  char *s = json_dumps(b, JSON_COMPACT);
+  json_decref(b);
+  return s;
+}
+
+static void check_create_body(const osr_sandbox_spec_t *spec)
+{
+  size_t len = 0;
+  char *got = osr__sim_create_body(spec, &len);
+  char *want = old_create_body(spec);
+  assert_non_null(got);
+  assert_non_null(want);
+  assert_string_equal(got, want);
+  assert_int_equal(len, strlen(want));
+  osr_free(got);
+  osr_json_free(want);
+}
+
+static void test_create_body(void **state)
+{
+  (void)state;
+  osr_sandbox_spec_t spec;
+  memset(&spec, 0, sizeof(spec));
+  spec.sandbox_id = "abcdefgh0123456789xy";
+  check_create_body(&spec); /* NULL tenant/template/region, no isolation: null */
+  spec.tenant = "team-a";
+  spec.template_id = "base";
+  spec.region = "eu-west";
+  spec.isolation = OSR_ISO_GVISOR;
+  spec.timeout_s = UINT32_MAX;
+  spec.caps.vcpus = 64;
+  spec.caps.min_memory_mib = 65536;
+  spec.caps.gpu_count = 2;
+  snprintf(spec.caps.gpu_type, sizeof(spec.caps.gpu_type), "h100");
+  spec.caps.snapshot = 1;
+  check_create_body(&spec);
+  for (size_t n = 0; n <= OSR_MAX_PORTS; n++) {
+    spec.caps.nports = n;
+    for (size_t i = 0; i < n; i++)
+      spec.caps.ports[i] = (uint16_t)(i == 0 ? 65535 : i * 1000 + 1);
+    check_create_body(&spec);
+  }
+  /* Escaping and UTF-8 in every free-text field. */
+  spec.tenant = "t\"e\\n/a\x01\x1f\x7f";
+  spec.template_id = "tpl\n\t\xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80";
+  spec.region = "";
+  spec.isolation = OSR_ISO_FIRECRACKER;
+  spec.caps.snapshot = 0;
+  snprintf(spec.caps.gpu_type, sizeof(spec.caps.gpu_type), "a\"b");
+  check_create_body(&spec);
+}
+
+/* osr__sim_resource_from_json as it was, with json_unpack: the reference
+ * for the member-by-member reader that replaced it. */
+static int old_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant)
+{
+  const char *id = NULL, *sid = NULL, *ten = "", *region = "", *iso = NULL, *state = "unknown",
+             *ep = "";
+  json_t *granted = NULL;
+  memset(r, 0, sizeof(*r));
+  if (json_unpack((json_t *)j, "{s:s,s:s,s?s,s?s,s?s,s?s,s?s,s?o}", "id", &id, "sandbox_id", &sid,
+                  "tenant", &ten, "region", &region, "isolation", &iso, "state", &state,
+                  "agent_endpoint", &ep, "granted", &granted) != 0)
+    return OSR_EINVAL;
+  if (strlen(id) >= sizeof(r->provider_id) || strlen(sid) >= sizeof(r->sandbox_id))
+    return OSR_EINVAL;
+  snprintf(r->provider_id, sizeof(r->provider_id), "%s", id);
+  snprintf(r->sandbox_id, sizeof(r->sandbox_id), "%s", sid);
+  snprintf(r->region, sizeof(r->region), "%s", region);
+  snprintf(r->agent_endpoint, sizeof(r->agent_endpoint), "%s", ep);
+  r->isolation = osr_isolation_parse(iso);
+  r->state = OSR_RES_UNKNOWN;
+  static const char *const names[] = {"unknown", "starting", "running",
+                                      "paused",  "stopped",  "gone"};
+  for (int i = 0; i <= OSR_RES_GONE; i++)
+    if (strcmp(names[i], state) == 0)
+      r->state = (osr_resource_state_t)i;
+  if (tenant != NULL)
+    snprintf(tenant, OSR_NAME_MAX, "%s", ten);
+  osr_capabilities_t *g = &r->granted;
+  if (json_is_object(granted)) {
+    json_int_t vcpus = 0, mem = 0, gcount = 0;
+    const char *gtype = "";
+    int snap = 0;
+    json_t *ports = NULL;
+    json_unpack(granted, "{s?I,s?I,s?{s?I,s?s},s?b,s?o}", "vcpus", &vcpus, "memoryMiB", &mem, "gpu",
+                "count", &gcount, "type", &gtype, "snapshot", &snap, "ports", &ports);
+    g->vcpus = (uint32_t)vcpus;
+    g->min_memory_mib = (uint32_t)mem;
+    g->gpu_count = (uint32_t)gcount;
+    snprintf(g->gpu_type, sizeof(g->gpu_type), "%s", gtype);
+    g->snapshot = snap;
+    size_t i;
+    json_t *v;
+    json_array_foreach(ports, i, v)
+    {
+      if (g->nports < OSR_MAX_PORTS && json_is_integer(v))
+        g->ports[g->nports++] = (uint16_t)json_integer_value(v);
+    }
+  }
+  snprintf(g->region, sizeof(g->region), "%s", r->region);
+  g->isolation = r->isolation;
+  return 0;
+}
+
+static void check_from_json(const json_t *j)
+{
+  osr_resource_t got, want;
+  char got_tenant[OSR_NAME_MAX], want_tenant[OSR_NAME_MAX];
+  memset(&got, 0x5a, sizeof(got));
+  memset(&want, 0xa5, sizeof(want));
+  memset(got_tenant, 'g', sizeof(got_tenant));
+  memset(want_tenant, 'g', sizeof(want_tenant));
+  int rv_got = osr__sim_resource_from_json(j, &got, got_tenant);
+  int rv_want = old_resource_from_json(j, &want, want_tenant);
+  assert_int_equal(rv_got, rv_want);
+  assert_memory_equal(&got, &want, sizeof(got));
+  assert_memory_equal(got_tenant, want_tenant, sizeof(got_tenant));
+  assert_int_equal(osr__sim_resource_from_json(j, &got, NULL), rv_want);
+}
+
+/* A member path ("granted.gpu.type") set to `v` (NULL: removed) in a copy. */
+static json_t *with_member(const json_t *base, const char *path, json_t *v)
+{
+  json_t *copy = json_deep_copy(base);
+  json_t *obj = copy;
+  char buf[64];
+  snprintf(buf, sizeof(buf), "%s", path);
+  char *key = buf, *dot;
+  while ((dot = strchr(key, '.')) != NULL) {
+    *dot = '\0';
+    obj = json_object_get(obj, key);
+    key = dot + 1;
+  }
+  if (v != NULL)
+    json_object_set(obj, key, v);
+  else
+    json_object_del(obj, key);
+  return copy;
+}
+
+/* Every member of a full answer (and of its "granted") missing, or of each
+ * JSON type, read the same as json_unpack read it: the same errors, the
+ * same values, the same defaults. */
+static void test_resource_from_json(void **state)
+{
+  (void)state;
+  osr_resource_t r;
+  memset(&r, 0, sizeof(r));
+  snprintf(r.provider_id, sizeof(r.provider_id), "sim-42");
+  snprintf(r.sandbox_id, sizeof(r.sandbox_id), "abcdefgh0123456789xy");
+  snprintf(r.region, sizeof(r.region), "eu-west");
+  snprintf(r.agent_endpoint, sizeof(r.agent_endpoint), "sim://sim-42");
+  r.isolation = OSR_ISO_GVISOR;
+  r.state = OSR_RES_RUNNING;
+  r.granted.vcpus = 4;
+  r.granted.min_memory_mib = 2048;
+  r.granted.gpu_count = 1;
+  snprintf(r.granted.gpu_type, sizeof(r.granted.gpu_type), "h100");
+  r.granted.snapshot = 1;
+  r.granted.nports = 2;
+  r.granted.ports[0] = 8080;
+  r.granted.ports[1] = 9090;
+  json_t *full = osr__sim_resource_to_json(&r, "team-a", 1700000000000);
+  assert_non_null(full);
+  check_from_json(full);
+
+  static const char *const paths[] = {
+      "id",
+      "sandbox_id",
+      "tenant",
+      "region",
+      "isolation",
+      "state",
+      "agent_endpoint",
+      "granted",
+      "granted.vcpus",
+      "granted.memoryMiB",
+      "granted.gpu",
+      "granted.gpu.count",
+      "granted.gpu.type",
+      "granted.snapshot",
+      "granted.ports",
+      "labels",
+      "created_ms",
+      "extra",
+  };
+  json_t *values[] = {
+      NULL,
+      json_null(),
+      json_string("x"),
+      json_string(""),
+      json_integer(7),
+      json_integer(-1),
+      json_real(1.5),
+      json_true(),
+      json_false(),
+      json_object(),
+      json_pack("[i,s,i]", 1, "a", 2),
+      json_pack("{s:i}", "count", 3),
+  };
+  for (size_t p = 0; p < OSR_ARRAY_SIZE(paths); p++) {
+    for (size_t v = 0; v < OSR_ARRAY_SIZE(values); v++) {
+      json_t *j = with_member(full, paths[p], values[v]);
+      check_from_json(j);
+      json_decref(j);
+    }
+  }
+  /* Too long ids, a non-object, an empty object. */
+  char longid[300];
+  memset(longid, 'a', sizeof(longid) - 1);
+  longid[sizeof(longid) - 1] = '\0';
+  json_t *s = json_string(longid);
+  json_t *j = with_member(full, "id", s);
+  check_from_json(j);
+  json_decref(j);
+  j = with_member(full, "sandbox_id", s);
+  check_from_json(j);
+  json_decref(j);
+  json_decref(s);
+  json_t *arr = json_array();
+  check_from_json(arr);
+  json_decref(arr);
+  json_t *empty = json_object();
+  check_from_json(empty);
+  json_decref(empty);
+  for (size_t v = 1; v < OSR_ARRAY_SIZE(values); v++)
+    json_decref(values[v]);
+  json_decref(full);
+}
+
 int main(void)
 {
   uv_loop_init(&loop);
@@ -568,6 +822,8 @@ int main(void)
     cmocka_unit_test(test_honest_manifest),
     cmocka_unit_test(test_config_errors),
     cmocka_unit_test(test_url_refused),
+    cmocka_unit_test(test_create_body),
+    cmocka_unit_test(test_resource_from_json),
   };
   printf("sim adapter contract, %s mode%s%s\n", sim_url != NULL ? "url" : "in-process",
          sim_url != NULL ? ": " : "", sim_url != NULL ? sim_url : "");
