@@ -25,25 +25,22 @@ void osr_jw_raw(osr_jw_t *w, const char *s, size_t n)
 }
 
 /* jansson's dump_string: quote and backslash escaped, the five short
- * control escapes, any other control character as \u00XX (upper-case hex),
- * everything else (UTF-8 included) as is. */
-void osr_jw_str(osr_jw_t *w, const char *s)
+ * control escapes, any other control character (NUL included) as \u00XX
+ * (upper-case hex), everything else (UTF-8 included) as is. Runs of bytes
+ * that need nothing are appended in one piece. */
+void osr_jw_strn(osr_jw_t *w, const char *s, size_t n)
 {
   static const char hex[] = "0123456789ABCDEF";
-  if (s == NULL) {
-    osr_jw_lit(w, "null");
-    return;
-  }
+  const char *end = s + n, *run = s;
   osr_jw_lit(w, "\"");
-  const char *run = s;
-  for (; *s != '\0'; s++) {
+  for (; s < end; s++) {
     unsigned char ch = (unsigned char)*s;
     if (ch >= 0x20 && ch != '"' && ch != '\\')
       continue;
     osr_jw_raw(w, run, (size_t)(s - run));
     run = s + 1;
     char esc[6] = {'\\', 0, 0, 0, 0, 0};
-    size_t n = 2;
+    size_t len = 2;
     switch (ch) {
     case '"':
       esc[1] = '"';
@@ -72,13 +69,21 @@ void osr_jw_str(osr_jw_t *w, const char *s)
       esc[3] = '0';
       esc[4] = hex[ch >> 4];
       esc[5] = hex[ch & 15];
-      n = 6;
+      len = 6;
       break;
     }
-    osr_jw_raw(w, esc, n);
+    osr_jw_raw(w, esc, len);
   }
   osr_jw_raw(w, run, (size_t)(s - run));
   osr_jw_lit(w, "\"");
+}
+
+void osr_jw_str(osr_jw_t *w, const char *s)
+{
+  if (s == NULL)
+    osr_jw_lit(w, "null");
+  else
+    osr_jw_strn(w, s, strlen(s));
 }
 
 void osr_jw_int(osr_jw_t *w, int64_t v)

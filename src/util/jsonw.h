@@ -52,6 +52,11 @@ void osr_jw_raw(osr_jw_t *w, const char *s, size_t n);
  *  hex; '/', 0x7f and UTF-8 as they are), or null when `s` is NULL. */
 void osr_jw_str(osr_jw_t *w, const char *s);
 
+/** Append the `n` bytes at `s` as a JSON string, escaped as osr_jw_str
+ *  does; a NUL byte among them is written \u0000, as jansson writes a
+ *  string holding one (json_stringn). */
+void osr_jw_strn(osr_jw_t *w, const char *s, size_t n);
+
 /** Append `v` in decimal, as jansson prints a json_integer. */
 void osr_jw_int(osr_jw_t *w, int64_t v);
 
@@ -61,6 +66,13 @@ void osr_jw_bool(osr_jw_t *w, int v);
 /** Append `ms` (Unix time in milliseconds) as a quoted osr_jw_rfc3339
  *  string, or null when ms <= 0. */
 void osr_jw_time(osr_jw_t *w, int64_t ms);
+
+/** Put the writer in FAILED: for a caller whose own part of the text could
+ *  not be produced (out of memory); osr_jw_release will return NULL. */
+static inline void osr_jw_fail(osr_jw_t *w)
+{
+  w->err = 1;
+}
 
 /** Hand over the text: NUL-terminated, its length (without the NUL) in
  *  `*len`; free it with osr_free. Returns NULL if the writer FAILED (or

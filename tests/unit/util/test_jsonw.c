@@ -48,8 +48,8 @@ static void check_str(const char *s)
 /* Every byte from 0x01 to 0x7f alone, then all of them in one string:
  * the control bytes escaped (short forms and \u00XX in upper-case hex), the
  * quote and backslash escaped, '/' and 0x7f as they are (jansson escapes
- * '/' only with JSON_ESCAPE_SLASH and never 0x7f). 0x00 cannot reach the
- * writer: it ends a C string, as it ends the text the writer is given. */
+ * '/' only with JSON_ESCAPE_SLASH and never 0x7f). 0x00 ends a C string:
+ * test_strn_nul gives it to osr_jw_strn. */
 static void test_str_ascii(void **state)
 {
   (void)state;
@@ -67,6 +67,35 @@ static void test_str_ascii(void **state)
             "b\x7f"
             "c\x01\x00 after the NUL");
   check_str("tab\there, nl\nthere, cr\rand \b\f");
+}
+
+/* osr_jw_strn against json_stringn: NUL bytes (\u0000) anywhere, and
+ * every byte 0x00-0x7f in one string of 128 bytes. */
+static void check_strn(const char *s, size_t n)
+{
+  osr_jw_t w;
+  size_t len;
+  osr_jw_init(&w, 1 << 12);
+  osr_jw_strn(&w, s, n);
+  char *got = osr_jw_release(&w, &len);
+  assert_non_null(got);
+  assert_int_equal(len, strlen(got));
+  assert_dumps(json_stringn(s, n), got);
+  osr_free(got);
+}
+
+static void test_strn_nul(void **state)
+{
+  (void)state;
+  char all[128];
+  for (int ch = 0; ch < 0x80; ch++)
+    all[ch] = (char)ch;
+  check_strn(all, sizeof(all));
+  check_strn("\0", 1);
+  check_strn("a\0b\0", 4);
+  check_strn("\0\0\xc3\xa9\0", 5);
+  check_strn("", 0);
+  check_strn("abc", 2); /* only n bytes */
 }
 
 static void test_str_utf8(void **state)
@@ -287,10 +316,11 @@ int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_str_ascii),  cmocka_unit_test(test_str_utf8),
-      cmocka_unit_test(test_str_random), cmocka_unit_test(test_str_null),
-      cmocka_unit_test(test_int),        cmocka_unit_test(test_bool),
-      cmocka_unit_test(test_object),     cmocka_unit_test(test_cap_sticky),
-      cmocka_unit_test(test_rfc3339),    cmocka_unit_test(test_time),
+      cmocka_unit_test(test_strn_nul),   cmocka_unit_test(test_str_random),
+      cmocka_unit_test(test_str_null),   cmocka_unit_test(test_int),
+      cmocka_unit_test(test_bool),       cmocka_unit_test(test_object),
+      cmocka_unit_test(test_cap_sticky), cmocka_unit_test(test_rfc3339),
+      cmocka_unit_test(test_time),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
