@@ -57,6 +57,8 @@ static struct {
   int n_create, n_list_pages, n_pause, n_connect, n_delete;
   int notoken; /* GET /sandboxes/{id} answers without envdAccessToken */
   json_t *last_create; /* the last create body */
+  char *last_body;     /* the last POST body as sent (osr_free) */
+  int in_post_body;    /* fake_request runs again with the body read */
   fake_sbx_t sbx[FAKE_MAX];
   int nsbx;
   osr_http_req_t *hung[16];
@@ -101,10 +103,31 @@ static json_t *sandbox_json(const fake_sbx_t *s)
                    "unit.test");
 }
 
+static void keep_body(osr_iovec_t body)
+{
+  osr_free(fake.last_body);
+  fake.last_body = osr_xmalloc(body.len + 1);
+  memcpy(fake.last_body, body.base, body.len);
+  fake.last_body[body.len] = '\0';
+}
+
+static void fake_request(osr_http_req_t *req, void *data);
+
+/* pause and connect: keep the body, then answer as without one. */
+static void on_post_body(osr_http_req_t *req, osr_iovec_t body, int status)
+{
+  assert_int_equal(status, 0);
+  keep_body(body);
+  fake.in_post_body = 1;
+  fake_request(req, NULL);
+  fake.in_post_body = 0;
+}
+
 static void on_create_body(osr_http_req_t *req, osr_iovec_t body, int status)
 {
   assert_int_equal(status, 0);
-  json_t *j = json_loadb(body.base, body.len, 0, NULL);
+  keep_body(body);
+  json_t *j = json_loadb(body.base, body.len, JSON_ALLOW_NUL, NULL); /* as E2B, \u0000 too */
   assert_non_null(j);
   json_decref(fake.last_create);
   fake.last_create = j;
@@ -181,6 +204,10 @@ static void fake_request(osr_http_req_t *req, void *data)
     return;
   }
   if (strncmp(path, "/api/sandboxes/", 15) == 0) {
+    if (strcmp(method, "POST") == 0 && !fake.in_post_body) {
+      assert_int_equal(osr_http_req_read_body(req, 1 << 20, on_post_body), 0);
+      return;
+    }
     const char *id = path + 15;
     size_t n = strcspn(id, "/");
     const char *tail = id + n;
@@ -226,6 +253,7 @@ static void fake_start(void)
   for (int i = 0; i < fake.nsbx; i++)
     json_decref(fake.sbx[i].metadata);
   json_decref(fake.last_create);
+  osr_free(fake.last_body);
   memset(&fake, 0, sizeof(fake));
   osr_http_server_opts_t o;
   memset(&o, 0, sizeof(o));
@@ -258,6 +286,7 @@ static void fake_stop(void)
   for (int i = 0; i < fake.nsbx; i++)
     json_decref(fake.sbx[i].metadata);
   json_decref(fake.last_create);
+  osr_free(fake.last_body);
   memset(&fake, 0, sizeof(fake));
 }
 
@@ -356,6 +385,103 @@ static void open_endpoint(const char *ep, const char *sid, char *plain, size_t l
   assert_true(osr_upstream_open(tok, sid, frag, strlen(frag), plain, len) > 0);
 }
 
+/* ---- request bodies ------------------------------------------------------------ */
+
+/* The create body as e2b_create built it before util/jsonw: json_pack +
+ * json_dumps(JSON_COMPACT), kept as the reference for the bytes E2B gets. */
+static char *old_create_body(const osr_sandbox_spec_t *spec, const char *template_id, uint32_t ttl)
+{
+  json_t *meta = json_object();
+  const char *k;
+  json_t *v;
+  if (json_is_object(spec->metadata))
+    json_object_foreach((json_t *)spec->metadata, k, v)
+    {
+      if (json_is_string(v) && strncmp(k, "osr.", 4) != 0)
+        json_object_set(meta, k, v);
+    }
+  json_object_set_new(meta, OSR_LABEL_SANDBOX_ID, json_string(spec->sandbox_id));
+  json_object_set_new(meta, OSR_LABEL_TENANT, json_string(spec->tenant));
+  json_object_set_new(meta, "osr.dev/managed", json_string("true"));
+  json_t *b = json_pack("{s:s,s:I,s:o,s:b,s:b}", "templateID", template_id, "timeout",
+                        (json_int_t)ttl, "metadata", meta, "secure", 1, "allow_internet_access", 1);
+  assert_non_null(b);
+  if (json_is_object(spec->env) && json_object_size(spec->env) > 0)
+    json_object_set_new(b, "envVars", json_deep_copy(spec->env));
+  char *text = json_dumps(b, JSON_COMPACT);
+  json_decref(b);
+  assert_non_null(text);
+  return text;
+}
+
+/* json_dumps(JSON_COMPACT) of `j`, which is released. */
+static char *dumps_new(json_t *j)
+{
+  assert_non_null(j);
+  char *text = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  assert_non_null(text);
+  return text;
+}
+
+/* What the fake received last equals `want` (jansson memory, freed). */
+static void assert_last_body(char *want)
+{
+  assert_non_null(fake.last_body);
+  assert_string_equal(fake.last_body, want);
+  osr_json_free(want);
+}
+
+static void create_and_compare(osr_provider_t *p, osr_sandbox_spec_t *spec, const char *tpl,
+                               uint32_t ttl)
+{
+  res_t c;
+  assert_int_equal(do_create_spec(p, spec, &c), 0);
+  run_until(&c.calls, 10000);
+  assert_int_equal(c.calls, 1);
+  assert_int_equal(c.status, 0);
+  assert_last_body(old_create_body(spec, tpl, ttl));
+}
+
+/* The create body's bytes as json_pack + json_dumps wrote them, for user
+ * metadata and env with escapes, UTF-8, NUL bytes, non-string values,
+ * OSR's namespace, and without either; an unmapped template. */
+static void test_create_body_bytes(void **state)
+{
+  (void)state;
+  fake_start();
+  osr_provider_t *p = e2b_ok("");
+  osr_sandbox_spec_t spec;
+  spec_init(&spec, "osrsbx0000000000000b");
+  create_and_compare(p, &spec, "osr-base-tpl", 120); /* no metadata, no env */
+
+  json_t *md = json_pack("{s:s,s:s,s:i,s:s,s:n,s:s}", "quote\"key\\", "v\"a\\l/\n\t\x01\x1f\x7f",
+                         "caf\xc3\xa9", "\xe6\x97\xa5\xf0\x9f\x98\x80", "count", 3, "osr.x", "no",
+                         "null", "empty", "");
+  json_object_set_new(md, "nul", json_stringn("a\0b", 3));
+  json_t *env = json_pack("{s:s,s:i,s:{s:[i,b]},s:s}", "PATH", "/bin:/usr/bin", "N", -42, "deep",
+                          "x", 1, 1, "Q", "\"\\\b\f\n\r\t");
+  json_object_set_new(env, "Z", json_stringn("\0", 1));
+  spec.metadata = md;
+  spec.env = env;
+  spec.template_id = "custom \"tpl\"";
+  spec.timeout_s = 0; /* E2B's default: 300 */
+  spec.tenant = "t\xc3\xa9nant";
+  create_and_compare(p, &spec, "custom \"tpl\"", 300);
+
+  json_t *empty = json_object();
+  spec.env = empty; /* an empty env: no envVars */
+  spec.template_id = NULL;
+  create_and_compare(p, &spec, "osr-base-tpl", 300);
+  json_decref(empty);
+  json_decref(env);
+  json_decref(md);
+
+  adapter_free(p);
+  fake_stop();
+  assert_int_equal(sync_calls, 0);
+}
+
 /* ---- the contract ---------------------------------------------------------------- */
 
 static void test_contract_lifecycle(void **state)
@@ -376,6 +502,7 @@ static void test_contract_lifecycle(void **state)
   run_until(&c.calls, 10000);
   assert_int_equal(c.calls, 1);
   assert_int_equal(c.status, 0);
+  assert_last_body(old_create_body(&spec, "osr-base-tpl", 120));
   json_decref(env);
   json_decref(md);
 
@@ -453,6 +580,7 @@ static void test_contract_lifecycle(void **state)
 
   SIMPLE_SYNC(p->adapter->pause(p, "sbx1", on_done, &pz), &pz);
   assert_int_equal(pz.status, 0);
+  assert_last_body(dumps_new(json_object()));
   SIMPLE_SYNC(p->adapter->pause(p, "sbx1", on_done, &pz), &pz);
   assert_int_equal(pz.status, 0); /* E2B's 409: already paused */
   assert_int_equal(fake.n_pause, 2);
@@ -467,6 +595,7 @@ static void test_contract_lifecycle(void **state)
   assert_string_equal(rs.res.provider_id, "sbx1");
   assert_string_equal(rs.res.agent_endpoint, ""); /* the binding keeps the sealed one */
   assert_int_equal(fake.n_connect, 1);
+  assert_last_body(dumps_new(json_pack("{s:I}", "timeout", (json_int_t)300)));
 
   SIMPLE_SYNC(p->adapter->destroy(p, "sbx1", on_done, &d), &d);
   assert_int_equal(d.status, 0);
@@ -498,6 +627,7 @@ static void test_sandbox_url(void **state)
   assert_int_equal(json_integer_value(json_object_get(fake.last_create, "timeout")), 3600);
   SIMPLE_SYNC(p->adapter->resume(p, "sbx1", on_create, &rs), &rs);
   assert_int_equal(rs.status, 0);
+  assert_last_body(dumps_new(json_pack("{s:I}", "timeout", (json_int_t)3600)));
   assert_int_equal(strncmp(c.res.agent_endpoint, "https://127.0.0.1:9443#osr-up=", 30), 0);
   char plain[OSR_UPSTREAM_PLAIN_MAX + 1];
   open_endpoint(c.res.agent_endpoint, "osrsbx0000000000000u", plain, sizeof(plain));
@@ -800,7 +930,8 @@ int main(void)
   setenv("E2B_UNIT_KEY", FAKE_KEY, 1);
   unsetenv("E2B_UNIT_UNSET_VAR");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_contract_lifecycle),  cmocka_unit_test(test_sandbox_url),
+      cmocka_unit_test(test_contract_lifecycle),
+    cmocka_unit_test(test_create_body_bytes),  cmocka_unit_test(test_sandbox_url),
       cmocka_unit_test(test_contract_bad_args),   cmocka_unit_test(test_contract_close_inflight),
       cmocka_unit_test(test_contract_concurrent), cmocka_unit_test(test_failure_mapping),
       cmocka_unit_test(test_config_errors),       cmocka_unit_test(test_honest_manifest),
