@@ -16,6 +16,7 @@ void osr_jw_init(osr_jw_t *w, size_t max)
 void osr_jw_dispose(osr_jw_t *w)
 {
   osr_buf_dispose(&w->b);
+  w->err = 0;
 }
 
 void osr_jw_raw(osr_jw_t *w, const char *s, size_t n)

@@ -8,7 +8,7 @@
  * because building and dumping a tree costs ~60,000 instructions for a
  * create request or answer, the writer a few thousand.
  *
- * States: EMPTY (after init or release: nothing allocated), WRITING (text
+ * States: EMPTY (after init, dispose or release: nothing allocated), WRITING (text
  * in `b`), FAILED (an append failed: the cap was reached or memory ran
  * out). Errors are sticky: in FAILED every later call does nothing, and
  * osr_jw_release returns NULL. The writer does not check that what it is
@@ -37,7 +37,8 @@ typedef struct osr_jw_s {
  *  added by osr_jw_release included). Allocates nothing yet. */
 void osr_jw_init(osr_jw_t *w, size_t max);
 
-/** Free the text, if any; the writer is EMPTY and may be used again. */
+/** Free the text, if any; the writer is EMPTY (FAILED no longer) and may
+ *  be used again. */
 void osr_jw_dispose(osr_jw_t *w);
 
 /** Append `n` bytes as they are; the caller vouches that they are JSON in
