@@ -53,8 +53,9 @@
 #define SIM_MAX_RESPONSE (64u << 20)
 /* Largest page list_page() serves (osr-sim's ?limit= too). */
 #define SIM_MAX_PAGE 10000
-/* Largest create request body (escaped names: far below this). */
-#define SIM_MAX_REQUEST (64u << 10)
+/* Largest create request body: a cap only a caller passing names of many
+ * KiB could reach (the gateway's are at most a few hundred bytes). */
+#define SIM_MAX_REQUEST (1u << 20)
 
 typedef struct sim_res_s {
   osr_resource_t r;

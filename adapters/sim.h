@@ -26,7 +26,7 @@ int osr__sim_resource_from_json(const json_t *j, osr_resource_t *r, char *tenant
 /** Url mode: the body of POST /v1/resources for `spec` (sandbox_id set),
  *  compact JSON, NUL-terminated, its length in `*len`; free with osr_free.
  *  Byte for byte what json_pack + json_dumps(JSON_COMPACT) of the same
- *  object gave. NULL if out of memory. */
+ *  object gave. NULL if out of memory or longer than 1 MiB. */
 char *osr__sim_create_body(const osr_sandbox_spec_t *spec, size_t *len);
 
 /** In-process mode only: every resource, as an array of the JSON above (new
