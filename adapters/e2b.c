@@ -814,20 +814,31 @@ static void put_member(osr_jw_t *w, size_t *n, const char *key, const char *val,
   osr_jw_strn(w, val, vlen);
 }
 
-/* The environment as json_deep_copy + json_dumps wrote it: keys with their
- * stored length, strings (what the gateway passes) written directly, any
- * other value by jansson itself. */
+/* A key's length as jansson stores it: 2.14 keeps one (a key may hold a
+ * NUL byte), 2.13's keys are C strings. */
+static size_t key_len(const char *key)
+{
+#if JANSSON_VERSION_HEX >= 0x020e00
+  return json_object_iter_key_len(json_object_key_to_iter(key));
+#else
+  return strlen(key);
+#endif
+}
+
+/* The environment as json_deep_copy + json_dumps wrote it: keys as
+ * stored, strings (what the gateway passes) written directly, any other
+ * value by jansson itself. */
 static void put_env(osr_jw_t *w, const json_t *env)
 {
   const char *k;
-  size_t klen, n = 0;
+  size_t n = 0;
   json_t *v;
   osr_jw_lit(w, ",\"envVars\":{");
-  json_object_keylen_foreach((json_t *)env, k, klen, v)
+  json_object_foreach((json_t *)env, k, v)
   {
     if (n++ > 0)
       osr_jw_lit(w, ",");
-    osr_jw_strn(w, k, klen);
+    osr_jw_strn(w, k, key_len(k));
     osr_jw_lit(w, ":");
     if (json_is_string(v)) {
       osr_jw_strn(w, json_string_value(v), json_string_length(v));
