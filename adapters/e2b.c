@@ -12,7 +12,8 @@
  *   envd traffic goes instead of https://<port>-<id>.<domain>, like the
  *   SDK's E2B_SANDBOX_URL), templates ({osr template: E2B templateID},
  *   identity by default), regions ([]), prices, vcpus (2), memory_mib (512),
- *   expected_create_ms (500), timeout_ms (60000), sandbox_timeout_s (0).
+ *   expected_create_ms (500), timeout_ms (60000), sandbox_timeout_s (0),
+ *   offload_bytes (OSR_REST_OFFLOAD_BYTES).
  *
  * The provider's per-sandbox credential. E2B's create answers with an
  * envdAccessToken (and maybe a trafficAccessToken) that envd and E2B's port
@@ -131,6 +132,7 @@ struct e2b_s {
   double price_vcpu, price_gib, price_create, expected_ms;
   uint32_t vcpus, memory_mib;
   uint64_t timeout_ms;
+  size_t offload_bytes; /* list pages this large are parsed off the loop */
   uint32_t sandbox_timeout_s; /* E2B-side lifetime at create/resume; 0 = OSR's TTL / 300 s */
   osr_tls_ctx_t *tls;
   osr_rest_t *api; /* the op queue */
@@ -142,6 +144,7 @@ struct e2b_s {
 /* The op queue's callbacks (rest.h), below. */
 static void on_head(osr_rest_op_t *rop, int status, const osr_http_header_t *h, size_t nh);
 static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len);
+static int on_work(osr_rest_op_t *rop, int st, const char *body, size_t len);
 static void deliver(osr_rest_op_t *rop, int status);
 static void op_release(osr_rest_op_t *rop);
 
@@ -361,6 +364,10 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
         return osr_rest_cfg_err(err, errlen, key,
                                 "must be a number of milliseconds from 1 to 3600000");
       e->timeout_ms = (uint64_t)d;
+    } else if (strcmp(key, "offload_bytes") == 0) {
+      if (osr_rest_num_in(v, 0, E2B_MAX_RESPONSE, &d))
+        return osr_rest_cfg_err(err, errlen, key, "must be a number of bytes from 0 to the largest answer");
+      e->offload_bytes = (size_t)d;
     } else {
       return osr_rest_cfg_err(err, errlen, key,
                               "unknown key for an e2b provider (see docs/adapters.md)");
@@ -398,6 +405,7 @@ static int e2b_init(osr_provider_t *p, const json_t *config, char *err, size_t e
   e->memory_mib = 512;
   e->expected_ms = 500;
   e->timeout_ms = 60000;
+  e->offload_bytes = OSR_REST_OFFLOAD_BYTES;
   int rv = parse_config(e, config, err, errlen);
   if (rv == 0 && e->api_tls) {
     /* The system trust store (SSL_CERT_FILE honoured), read once here at
@@ -426,6 +434,8 @@ static int e2b_init(osr_provider_t *p, const json_t *config, char *err, size_t e
       .user_size = sizeof(e2b_op_t),
       .on_head = on_head,
       .on_answer = on_answer,
+      .on_work = on_work,
+      .work_min_bytes = e->offload_bytes,
       .on_deliver = deliver,
       .on_release = op_release,
   };
@@ -736,6 +746,22 @@ static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
   }
   json_decref(j);
   op_finish(op, status);
+}
+
+/* A large answer (rest.h on_work, on the thread pool): a list_page() page
+ * is parsed and taken here, with the op's state only; anything else goes
+ * back to on_answer on the loop (it may log, clean up or send again). */
+static int on_work(osr_rest_op_t *rop, int st, const char *body, size_t len)
+{
+  e2b_op_t *op = osr_rest_user(rop);
+  if (op->kind != OP_LIST_PAGE || st < 200 || st > 299)
+    return OSR_EAGAIN;
+  if (op->token_too_long)
+    return OSR_PERR_UNAVAILABLE; /* as on_answer: a short listing reads as lost sandboxes */
+  json_t *j = json_loadb(body, len, 0, NULL);
+  int status = list_page(op, j);
+  json_decref(j);
+  return status;
 }
 
 static void on_head(osr_rest_op_t *rop, int status, const osr_http_header_t *h, size_t nh)

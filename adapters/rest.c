@@ -27,6 +27,9 @@ struct osr_rest_op_s {
   int kind;
   uv_timer_t timer; /* the deadline, then the deferred delivery */
   int delivered, finishing, timer_closed, connecting, creq_live;
+  int working;     /* cfg.on_work runs on the thread pool: the op stays */
+  int work_status; /* what it returned */
+  uv_work_t work;
   int waiting;  /* shared: queued for the connection */
   int attempts; /* shared: requests sent (a never-sent one is retried once) */
   int status;
@@ -179,7 +182,7 @@ static void op_free(osr_rest_op_t *op)
 
 static void maybe_free(osr_rest_op_t *op)
 {
-  if (op->timer_closed && !op->creq_live && !op->connecting && op->http == NULL)
+  if (op->timer_closed && !op->creq_live && !op->connecting && op->http == NULL && !op->working)
     op_free(op);
 }
 
@@ -221,7 +224,10 @@ void osr_rest_finish(osr_rest_op_t *op, int status)
     osr_http_creq_cancel(op->creq);
   drop_http(op);
   uv_timer_stop(&op->timer);
-  uv_timer_start(&op->timer, on_deliver_timer, 0, 0);
+  /* on_work may still be writing the state on_deliver reads: after_work
+   * starts the delivery then. */
+  if (!op->working)
+    uv_timer_start(&op->timer, on_deliver_timer, 0, 0);
 }
 
 static void on_deadline(uv_timer_t *t)
@@ -273,6 +279,44 @@ static void on_resend_timer(uv_timer_t *t)
   op_send(op);
 }
 
+/* ---- answers off the loop (cfg.on_work) ---------------------------------------- */
+
+static void work_run(uv_work_t *w)
+{
+  osr_rest_op_t *op = w->data;
+  op->work_status = op->api->cfg.on_work(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
+}
+
+static void work_done(uv_work_t *w, int status)
+{
+  osr_rest_op_t *op = w->data;
+  op->working = 0;
+  if (op->finishing) {
+    /* A deadline or close came first: its result stands, delivered now. */
+    uv_timer_start(&op->timer, on_deliver_timer, 0, 0);
+  } else if (status == 0 && op->work_status == OSR_EAGAIN) {
+    op->api->cfg.on_answer(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
+  } else {
+    osr_rest_finish(op, status != 0 ? OSR_ECANCELED : op->work_status);
+  }
+  maybe_free(op);
+}
+
+/* Hand a whole answer to cfg.on_work on the thread pool; 0 if it went. */
+static int work_start(osr_rest_op_t *op)
+{
+  const osr_rest_config_t *cfg = &op->api->cfg;
+  if (cfg->on_work == NULL || op->resp.len < cfg->work_min_bytes)
+    return -1;
+  op->work.data = op;
+  op->working = 1;
+  if (uv_queue_work(op->api->loop, &op->work, work_run, work_done) != 0) {
+    op->working = 0;
+    return -1;
+  }
+  return 0;
+}
+
 static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, void *data)
 {
   osr_rest_op_t *op = data;
@@ -290,7 +334,8 @@ static void on_body(osr_http_creq_t *r, const osr_iovec_t *chunk, int status, vo
   }
   osr_rest_t *api = op->api;
   if (status == OSR_EOF) {
-    api->cfg.on_answer(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
+    if (work_start(op) != 0)
+      api->cfg.on_answer(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
   } else if (api->cfg.shared_h2 && status == OSR_ECLOSED && !api->closing && op->attempts < 2) {
     /* Never reached the wire (the shared connection had died): safe to
      * send again on a new connection, from the timer (not inside the

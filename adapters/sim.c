@@ -21,7 +21,7 @@
  *   ({max, types:{T: usd_per_s}}), snapshot (false), prices ({vcpu_per_s,
  *   gib_per_s, per_create}), expected_create_ms (= latency_ms), max_ports
  *   (32), max_memory_mib (65536), max_vcpus (64), url, timeout_ms (30000,
- *   url mode), accept_any (false: trust the caller's isolation/region/gpu
+ *   url mode), offload_bytes (OSR_REST_OFFLOAD_BYTES, url mode), accept_any (false: trust the caller's isolation/region/gpu
  *   choice instead of checking it against this manifest; osr-sim sets it).
  *
  * In-process, every operation is an op with its own uv_timer. The timer is
@@ -136,6 +136,7 @@ struct sim_s {
   double price_vcpu, price_gib, price_create;
   uint32_t max_ports, max_memory, max_vcpus;
   uint64_t timeout_ms;
+  size_t offload_bytes; /* url mode: answers this large are parsed off the loop */
   int url_mode;
   char addr[300];
   /* in-process table */
@@ -498,6 +499,10 @@ static int parse_config(sim_t *s, const json_t *cfg, char *err, size_t errlen)
         return osr_rest_cfg_err(err, errlen, key,
                                 "must be a number of milliseconds from 1 to 3600000");
       s->timeout_ms = (uint64_t)d;
+    } else if (strcmp(key, "offload_bytes") == 0) {
+      if (osr_rest_num_in(v, 0, SIM_MAX_RESPONSE, &d))
+        return osr_rest_cfg_err(err, errlen, key, "must be a number of bytes from 0 to 67108864");
+      s->offload_bytes = (size_t)d;
     } else {
       return osr_rest_cfg_err(err, errlen, key,
                               "unknown key for a sim provider (see docs/adapters.md)");
@@ -508,6 +513,7 @@ static int parse_config(sim_t *s, const json_t *cfg, char *err, size_t errlen)
   return 0;
 }
 
+static int call_work(osr_rest_op_t *rop, int st, const char *body, size_t len);
 static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len);
 static void call_deliver(osr_rest_op_t *rop, int status);
 static void call_release(osr_rest_op_t *rop);
@@ -528,6 +534,7 @@ static int sim_init(osr_provider_t *p, const json_t *config, char *err, size_t e
   s->max_memory = 65536;
   s->max_vcpus = 64;
   s->timeout_ms = 30000;
+  s->offload_bytes = OSR_REST_OFFLOAD_BYTES;
   s->next_id = 1;
   int rv = parse_config(s, config, err, errlen);
   if (rv != 0) {
@@ -552,6 +559,8 @@ static int sim_init(osr_provider_t *p, const json_t *config, char *err, size_t e
         .max_response = SIM_MAX_RESPONSE,
         .user_size = sizeof(sim_call_t),
         .on_answer = call_answer,
+        .on_work = call_work,
+        .work_min_bytes = s->offload_bytes,
         .on_deliver = call_deliver,
         .on_release = call_release,
     };
@@ -1026,8 +1035,10 @@ static int read_page_next(const json_t *j, sim_call_t *c)
   return 1;
 }
 
-/* osr-sim answered (rest.h on_answer). */
-static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
+/* What osr-sim's answer means for the call: its result, with the
+ * resource or the list page in the call's state. Touches nothing else, so
+ * it runs on the thread pool for a large answer (rest.h on_work). */
+static int call_work(osr_rest_op_t *rop, int st, const char *body, size_t len)
 {
   sim_call_t *c = osr_rest_user(rop);
   json_error_t jerr;
@@ -1061,7 +1072,13 @@ static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len
     }
   }
   json_decref(j);
-  osr_rest_finish(rop, status);
+  return status;
+}
+
+/* osr-sim answered (rest.h on_answer: a small answer, on the loop). */
+static void call_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
+{
+  osr_rest_finish(rop, call_work(rop, st, body, len));
 }
 
 static void call_deliver(osr_rest_op_t *rop, int status)

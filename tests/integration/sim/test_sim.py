@@ -287,6 +287,21 @@ class UrlMode(unittest.TestCase):
             left = [x for x in s.resources() if not x["sandbox_id"].startswith("sbx-cancel")]
             self.assertEqual(left, [])
 
+    def test_contract_answers_off_the_loop(self):
+        # offload_bytes 0: every answer of osr-sim, not only large list
+        # pages, is parsed on the thread pool (rest.h on_work), so the whole
+        # contract (pages, close with calls in flight, concurrency,
+        # reconnects) runs through that path.
+        with Sim("--latency-ms", "20", "--idle-timeout-ms", "150") as s:
+            env = dict(os.environ, OSR_TEST_SIM_URL=s.url, OSR_TEST_SIM_OFFLOAD="0")
+            cp = subprocess.run([CONTRACT], env=env, capture_output=True, timeout=120)
+            out = cp.stdout.decode() + cp.stderr.decode()
+            self.assertEqual(cp.returncode, 0, out)
+            self.assertIn("contract, url mode: " + s.url + ", offload_bytes 0", out)
+            self.assertIn("PASSED", out)
+            left = [x for x in s.resources() if not x["sandbox_id"].startswith("sbx-cancel")]
+            self.assertEqual(left, [])
+
 
 if __name__ == "__main__":
     osrtest.run()

@@ -30,14 +30,20 @@
 #include "util/mem.h"
 
 static const char *sim_url;
+/* OSR_TEST_SIM_OFFLOAD=N: url mode with offload_bytes N (0: every answer
+ * is parsed on the thread pool, rest.h on_work). */
+static const char *sim_offload;
 
 static osr_provider_t *sim_new_mode(const char *json, int url_mode)
 {
   json_error_t e;
   json_t *cfg = json_loads(json, 0, &e);
   assert_non_null(cfg);
-  if (url_mode && sim_url != NULL)
+  if (url_mode && sim_url != NULL) {
     json_object_set_new(cfg, "url", json_string(sim_url));
+    if (sim_offload != NULL)
+      json_object_set_new(cfg, "offload_bytes", json_integer(atoll(sim_offload)));
+  }
   osr_provider_t *p = osr_xcalloc(1, sizeof(*p));
   p->adapter = osr_adapter_find("sim");
   assert_ptr_equal(p->adapter, &osr_adapter_sim);
@@ -502,6 +508,8 @@ static void test_config_errors(void **state)
   expect_config_error("{\"isolation\":[]}", "key 'isolation'");
   expect_config_error("{\"url\":\"https://x:1\"}", "key 'url'");
   expect_config_error("{\"url\":\"http://nohostport\"}", "key 'url'");
+  expect_config_error("{\"offload_bytes\":-1}", "key 'offload_bytes'");
+  expect_config_error("{\"offload_bytes\":\"16k\"}", "key 'offload_bytes'");
   expect_config_error("{\"gpus\":{\"types\":{}}}", "key 'gpus'");
   expect_config_error("{\"prices\":{\"vcpu\":1}}", "key 'prices'");
   expect_config_error("{\"seed\":\"x\"}", "key 'seed'");
@@ -809,6 +817,7 @@ int main(void)
   sim_url = getenv("OSR_TEST_SIM_URL");
   if (sim_url != NULL && sim_url[0] == '\0')
     sim_url = NULL;
+  sim_offload = getenv("OSR_TEST_SIM_OFFLOAD");
   const struct CMUnitTest contract[] = {
       cmocka_unit_test(test_contract_lifecycle),  cmocka_unit_test(test_contract_list_pages),
       cmocka_unit_test(test_contract_bad_args),   cmocka_unit_test(test_contract_close_inflight),
@@ -825,8 +834,10 @@ int main(void)
     cmocka_unit_test(test_create_body),
     cmocka_unit_test(test_resource_from_json),
   };
-  printf("sim adapter contract, %s mode%s%s\n", sim_url != NULL ? "url" : "in-process",
-         sim_url != NULL ? ": " : "", sim_url != NULL ? sim_url : "");
+  printf("sim adapter contract, %s mode%s%s%s%s\n", sim_url != NULL ? "url" : "in-process",
+         sim_url != NULL ? ": " : "", sim_url != NULL ? sim_url : "",
+         sim_url != NULL && sim_offload != NULL ? ", offload_bytes " : "",
+         sim_url != NULL && sim_offload != NULL ? sim_offload : "");
   fflush(stdout);
   int rc = cmocka_run_group_tests_name(sim_url != NULL ? "contract (url mode)" : "contract",
                                        contract, NULL, NULL);
