@@ -1409,11 +1409,16 @@ static int apply_file_doc(ld_t *ld, const src_t *src, json_t *doc)
   if ((v = json_object_get(doc, "breaker")) != NULL && apply_breaker(ld, src, v) != 0)
     return OSR_EINVAL;
   if ((v = json_object_get(doc, "reaper")) != NULL) {
-    static const char *const keys[] = {"interval_ms", "stale_creating_ms", NULL};
+    static const char *const keys[] = {"interval_ms", "reconcile_interval_ms", "stale_creating_ms",
+                                       NULL};
     if (want_obj(ld, src, "reaper", v) != 0 || check_keys(ld, src, "reaper", v, keys) != 0)
       return OSR_EINVAL;
     if ((x = json_object_get(v, "interval_ms")) != NULL &&
         want_u64(ld, src, "reaper.interval_ms", x, 10, 86400000, &cfg->reaper_interval_ms) != 0)
+      return OSR_EINVAL;
+    if ((x = json_object_get(v, "reconcile_interval_ms")) != NULL &&
+        want_u64(ld, src, "reaper.reconcile_interval_ms", x, 10, 86400000,
+                 &cfg->reaper_reconcile_ms) != 0)
       return OSR_EINVAL;
     if ((x = json_object_get(v, "stale_creating_ms")) != NULL &&
         want_u64(ld, src, "reaper.stale_creating_ms", x, 100, 86400000,
@@ -2038,7 +2043,8 @@ json_t *osr_gw_config_to_json_redacted(const osr_gw_config_t *cfg)
                                 (json_int_t)b->open_ms, "max_open_ms", (json_int_t)b->max_open_ms,
                                 "half_open_probes", (json_int_t)b->half_open_probes));
   json_object_set_new(j, "reaper",
-                      json_pack("{s:I,s:I}", "interval_ms", (json_int_t)cfg->reaper_interval_ms,
+                      json_pack("{s:I,s:I,s:I}", "interval_ms", (json_int_t)cfg->reaper_interval_ms,
+                                "reconcile_interval_ms", (json_int_t)osr_reaper_reconcile_ms(cfg),
                                 "stale_creating_ms", (json_int_t)cfg->stale_creating_ms));
   json_object_set_new(j, "instance_id", json_string(cfg->instance_id ? cfg->instance_id : ""));
   const osr_http_limits_t *l = &cfg->http_limits;

@@ -46,6 +46,9 @@ typedef struct osr_gw_config_s {
   const char *token_keys_dir;    /**< signing keys (tokens.keys_dir); default <data_dir>/keys */
   osr_breaker_config_t breaker;
   uint64_t reaper_interval_ms;   /**< default 5000 */
+  uint64_t reaper_reconcile_ms;  /**< reaper.reconcile_interval_ms: the providers are listed on a
+                                      pass at most this often (and on the first pass, and on every
+                                      osr_reaper_run_once pass); 0 = 12 x reaper_interval_ms */
   uint64_t drain_ms;             /**< default 10000 */
   size_t max_request_body;       /**< API JSON bodies; default 1 MiB */
   osr_http_limits_t http_limits;
@@ -64,6 +67,18 @@ typedef struct osr_gw_config_s {
   /* private: memory owned by the config (strings point into it) */
   json_t *_owned;
 } osr_gw_config_t;
+
+/** The reaper's interval and its provider listings' as in force (defaults
+ *  applied): 5 s, and 12 passes, 60 s, unless configured. */
+static inline uint64_t osr_reaper_interval_ms(const osr_gw_config_t *cfg)
+{
+  return cfg->reaper_interval_ms ? cfg->reaper_interval_ms : 5000;
+}
+
+static inline uint64_t osr_reaper_reconcile_ms(const osr_gw_config_t *cfg)
+{
+  return cfg->reaper_reconcile_ms ? cfg->reaper_reconcile_ms : 12 * osr_reaper_interval_ms(cfg);
+}
 
 /** Load defaults, then the YAML file, then environment, then flags (argv
  *  after the program/subcommand name). Returns 0; 1 if --help was printed;

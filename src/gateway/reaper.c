@@ -15,7 +15,8 @@
  *   3. TTL and idle: for each expired live binding, re-read it (a timeout
  *      extension or a kill may have happened since the snapshot), destroy
  *      the provider resource, mark it ended;
- *   4. per provider: list the resources carrying our label; each one without
+ *   4. per provider (on the first pass, then every reconcile_interval_ms):
+ *      list the resources carrying our label; each one without
  *      a live binding on that provider (fresh read) is an orphan and is
  *      destroyed; each running/paused binding of the snapshot whose resource
  *      is missing is re-read and, if it still points at that resource, is
@@ -95,6 +96,9 @@ struct osr_reaper_s {
   void (*resume)(osr_reaper_t *r);
   int handles; /* open uv handles; r is freed at 0 */
   int running, stopping, again;
+  int reconcile;               /* this pass lists the providers (step 4) */
+  int reconciled_once;
+  uint64_t reconcile_at;       /* uv_now of the last pass that listed them */
   void (*stop_cb)(void *data);
   void *stop_data;
   once_t *once;                /* waiting for the pass in progress */
@@ -440,6 +444,10 @@ static void pass_expire(osr_reaper_t *r)
     }
     return;
   }
+  if (!r->reconcile) {
+    pass_end(r, 0);
+    return;
+  }
   r->pi = 0;
   pass_provider(r);
 }
@@ -731,8 +739,8 @@ static void pass_end(osr_reaper_t *r, int status)
                 "pass at %" PRIu64 " ended at %" PRIu64 " (%zu live, trim %" PRIu64
                 " us, longest step %" PRIu64 " us)",
                 r->pass_t0_us, t_trim, nlive, uv_hrtime() / 1000 - t_trim, r->max_step_us);
-  OSR_LOG_DEBUG(MOD, "pass: %zu live, %" PRIu64 " provider pages, %" PRIu64 " scan yields", nlive,
-                r->pages, r->yields);
+  OSR_LOG_DEBUG(MOD, "pass: %zu live, %" PRIu64 " provider pages, %" PRIu64 " scan yields%s", nlive,
+                r->pages, r->yields, r->reconcile ? "" : " (providers not listed)");
   osr_binding_dispose(&r->cur);
   osr_binding_init(&r->cur);
   r->running = 0;
@@ -778,6 +786,18 @@ static void pass_start(osr_reaper_t *r)
   r->running = 1;
   r->once = r->once_next;
   r->once_next = NULL;
+  /* Listing every provider is the heavy part of a pass, for the provider
+   * (a page per 256 resources: a real API's rate limit) and for the
+   * gateway, so it runs only every reconcile_interval_ms; TTL and idle
+   * timeouts are enforced on every pass. The first pass (reconciliation at
+   * start) and the passes someone waits for list always. */
+  uint64_t now = uv_now(r->gw->loop);
+  r->reconcile = !r->reconciled_once || r->once != NULL ||
+                 now - r->reconcile_at >= osr_reaper_reconcile_ms(r->gw->cfg);
+  if (r->reconcile) {
+    r->reconciled_once = 1;
+    r->reconcile_at = now;
+  }
   r->pass_start_ms = osr_now_ms();
   r->pass_t0_us = uv_hrtime() / 1000;
   r->pages = r->yields = r->max_step_us = 0;
@@ -809,7 +829,7 @@ int osr_reaper_start(osr_gw_t *gw, osr_reaper_t **out)
   (void)uv_timer_init(gw->loop, &r->step); /* cannot fail once the first did */
   r->timer.data = r->step.data = r;
   r->handles = 2;
-  uint64_t every = gw->cfg->reaper_interval_ms ? gw->cfg->reaper_interval_ms : 5000;
+  uint64_t every = osr_reaper_interval_ms(gw->cfg);
   /* The first pass runs at once: reconciliation at start. */
   uv_timer_start(&r->timer, on_tick, 0, every);
   *out = r;

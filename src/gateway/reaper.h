@@ -1,7 +1,8 @@
 /*
  * The reaper: enforces every binding's absolute TTL and idle timeout and
- * reconciles bindings with what the providers really run, at start and every
- * cfg->reaper_interval_ms.
+ * reconciles bindings with what the providers really run: TTLs every
+ * cfg->reaper_interval_ms, the providers' listings at start and every
+ * reconcile interval (osr_reaper_reconcile_ms, 12 passes by default).
  *
  *   TTL / idle   expires_ms passed, or last_activity_ms + idle_timeout_ms
  *                passed → destroy the provider resource, mark the binding

@@ -102,7 +102,8 @@ class ReaperRace(unittest.TestCase):
         self.sim = gwlib.Sim("--latency-ms", "5")
         self.gw = gwlib.Gateway([{"name": "sim", "type": "sim", "url": self.sim.url}],
                                 store=self.pg.url if self.pg else None,
-                                cfg={"reaper": {"interval_ms": self.PASS_MS}},
+                                cfg={"reaper": {"interval_ms": self.PASS_MS,
+                                                "reconcile_interval_ms": self.PASS_MS}},
                                 env={"OSR_LOG_LEVEL": "debug"})
         self.key = self.gw.new_key("acme")
         self.frozen = False
@@ -157,6 +158,56 @@ class ReaperRacePg(ReaperRace):
     STORE = "pg"
 
 
+class ReaperReconcile(unittest.TestCase):
+    """Passes enforce TTLs every interval_ms; the providers are listed (for
+    orphans and lost resources) only on the first pass and then every
+    reconcile_interval_ms, since a listing costs a provider call per 256
+    resources. Counted from the passes' own debug lines."""
+    LINE = re.compile(r"^(\S+Z) debug \[reaper\] pass: (\d+) live, (\d+) provider pages, \d+ scan yields"
+                      r"( \(providers not listed\))?$", re.M)
+
+    def setUp(self):
+        self.sim = gwlib.Sim("--latency-ms", "5")
+        self.gw = gwlib.Gateway([{"name": "sim", "type": "sim", "url": self.sim.url}],
+                                cfg={"reaper": {"interval_ms": 100, "reconcile_interval_ms": 1500}},
+                                env={"OSR_LOG_LEVEL": "debug"})
+        self.key = self.gw.new_key("acme")
+
+    def tearDown(self):
+        self.gw.close()
+        self.sim.close()
+
+    def passes(self):
+        return [(rfc3339(m.group(1)), int(m.group(3)), m.group(4) is None)
+                for m in self.LINE.finditer(self.gw.proc.stderr_text())]
+
+    def test_listing_every_reconcile_interval(self):
+        short = self.gw.create(self.key, {"timeoutSeconds": 1}).json
+        st, body = self.sim.call("POST", "/v1/resources", {"sandbox_id": "orphancccccccccccccc", "tenant": "acme"})
+        self.assertEqual(st, 201, body)
+        t0 = time.time()
+        self.gw.wait(lambda: "orphancccccccccccccc" not in {r["sandbox_id"] for r in self.sim.resources()},
+                     timeout=15, what="orphan destroyed by a listing pass")
+        t_orphan = time.time() - t0
+        # TTLs do not wait for a listing: passes without one end the short one.
+        g = self.gw.wait(lambda: (lambda j: j if j["state"] == "ended" else None)(
+            self.gw.req("GET", "/v1/sandboxes/" + short["id"], key=self.key).json), timeout=15, what="ttl")
+        self.assertEqual(g["endReason"], "ttl")
+        self.gw.wait(lambda: len([p for p in self.passes() if p[2]]) >= 3, timeout=20, what="three listings")
+        ps = self.passes()
+        listed = [p for p in ps if p[2]]
+        print("passes", len(ps), "listed", len(listed), "orphan gone after %.1f s" % t_orphan,
+              file=sys.stderr)
+        self.assertTrue(ps[0][2], "the first pass (reconciliation at start) lists the providers")
+        self.assertTrue(all(p[1] >= 1 for p in listed), listed)
+        self.assertTrue(all(p[1] == 0 for p in ps if not p[2]), ps)
+        # Listing passes are reconcile_interval_ms apart (log stamps are ms;
+        # a pass ends a little after it starts), with TTL passes between.
+        for a, b in zip(listed, listed[1:]):
+            self.assertGreater(b[0] - a[0], 1.3, listed)
+        self.assertGreater(len(ps), 3 * len(listed), ps)
+
+
 class ReaperPages(unittest.TestCase):
     """A pass over 20,000 sandboxes (in-process sim, which lists in pages) is
     cut into loop turns, and the gateway keeps answering a request stream
@@ -168,7 +219,8 @@ class ReaperPages(unittest.TestCase):
 
     def setUp(self):
         self.gw = gwlib.Gateway([{"name": "sim", "type": "sim", "latency_ms": 0}],
-                                cfg={"reaper": {"interval_ms": 300}}, env={"OSR_LOG_LEVEL": "debug"})
+                                cfg={"reaper": {"interval_ms": 300, "reconcile_interval_ms": 300}},
+                                env={"OSR_LOG_LEVEL": "debug"})
         self.key = self.gw.new_key("acme")
 
     def tearDown(self):

@@ -223,6 +223,7 @@ static void defaults(void **state)
   assert_int_equal(cfg.breaker.max_open_ms, 60000);
   assert_int_equal(cfg.breaker.half_open_probes, 1);
   assert_int_equal(cfg.reaper_interval_ms, 5000);
+  assert_int_equal(osr_reaper_reconcile_ms(&cfg), 60000); /* 12 passes */
   assert_int_equal(cfg.drain_ms, 10000);
   assert_int_equal(cfg.max_request_body, 1024 * 1024);
   assert_int_equal(cfg.default_policy.strategy, OSR_STRATEGY_BALANCED);
@@ -249,7 +250,7 @@ static void file_values(void **state)
                   "breaker: {window: 50, min_requests: 5, failure_ratio: 0.25,\n"
                   "          consecutive_failures: 3, open_ms: 100, max_open_ms: 1000,\n"
                   "          half_open_probes: 2}\n"
-                  "reaper: {interval_ms: 250}\n"
+                  "reaper: {interval_ms: 250, reconcile_interval_ms: 30000}\n"
                   "limits: {max_request_body: 4096, max_headers: 50}\n"
                   "drain_ms: 1500\n"
                   "log: {level: warn, json: false}\n");
@@ -280,6 +281,7 @@ static void file_values(void **state)
   assert_true(cfg.breaker.failure_ratio == 0.25);
   assert_int_equal(cfg.breaker.half_open_probes, 2);
   assert_int_equal(cfg.reaper_interval_ms, 250);
+  assert_int_equal(osr_reaper_reconcile_ms(&cfg), 30000);
   assert_int_equal(cfg.max_request_body, 4096);
   assert_int_equal(cfg.http_limits.max_headers, 50);
   assert_int_equal(cfg.drain_ms, 1500);
@@ -430,6 +432,7 @@ static void errors(void **state)
        "above max_timeout_seconds"},
       {"tls: {cert: a.pem}\n", "go together"},
       {"breaker: {window: 100000}\n", "breaker.window: 100000 is out of range"},
+      {"reaper: {reconcile_interval_ms: 5}\n", "reaper.reconcile_interval_ms: 5 is out of range"},
       {"- 1\n- 2\n", "top level must be a mapping"},
       {"listen: [\n", "bad.yaml:2:"},
   };
