@@ -10,7 +10,7 @@ lines:
            handed update_run update_ran update_back replied (attempts N)
   [store] batch N at T in W us (cpu C us, runqueue R us)
   [store] sqlite checkpoint at T: C of N WAL frames in W us (passive|restart|writer...)
-  [reaper] pass at T ended at T2 (N live, trim W us[, longest step S us])
+  [reaper] pass at T ended at T2 (N live|due, trim W us[, longest step S us])
 
 (every time in µs, uv_hrtime; the phases relative to the request's parse)
 and prints, for all creates and for the slowest 1 %, the median time spent
@@ -57,7 +57,7 @@ PHASE = re.compile(r"phases (\S+) at (\d+):((?: -?\d+){10})")
 BATCH = re.compile(r"batch (\d+)(?: relaxed)? at (\d+) in (\d+) us \(cpu (\d+) us, runqueue (\d+) us\)")
 CKPT = re.compile(r"sqlite checkpoint at (\d+): (\d+) of (\d+) WAL frames in (\d+) us(?: \(([^),]+))?")
 # "longest step" since the paged pass (engineer "reaper"); -1 in older builds' lines.
-REAP = re.compile(r"pass at (\d+) ended at (\d+) \((\d+) live, trim (\d+) us(?:, longest step (\d+) us)?\)")
+REAP = re.compile(r"pass at (\d+) ended at (\d+) \((\d+) (?:live|due), trim (\d+) us(?:, longest step (\d+) us)?\)")
 
 
 def parse(path):
@@ -158,7 +158,7 @@ def analyse(creates, batches, ckpts, passes, skip_us):
                 statistics.mean(inb), statistics.mean(outb), sorted(inb)[int(len(inb) * 0.99)],
                 sorted(outb)[int(len(outb) * 0.99)]))
     for a, b, live, trim, step in passes:
-        out.append("reaper pass: %d us, %d live, malloc_trim %d us, longest step %s, creates answered "
+        out.append("reaper pass: %d us, %d live or due, malloc_trim %d us, longest step %s, creates answered "
                    "during it: %d" % (b - a, live, trim, "%d us" % step if step >= 0 else "not stamped",
                                       sum(1 for t, r in creates if a <= t + r[-1] <= b)))
     return "\n".join(out)

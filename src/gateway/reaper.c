@@ -9,7 +9,9 @@
  *      create.c, osr__resolve_creating), audited "reap.stale_creating".
  *      This is what cleans up after a gateway that died and never came
  *      back, since recovery at start only takes a gateway's own rows;
- *   1. snapshot the live bindings (creating, running, paused), page by page;
+ *   1. snapshot the live bindings (creating, running, paused), page by page
+ *      (on a pass that does not list the providers, only those whose TTL or
+ *      idle timeout has passed: the store filters);
  *   2. count bindings per state for the sandboxes{state} gauge (one
  *      GROUP BY in the store);
  *   3. TTL and idle: for each expired live binding, re-read it (a timeout
@@ -281,6 +283,12 @@ static void pass_live_page(osr_reaper_t *r)
                  (1u << OSR_BINDING_PAUSED);
   q.limit = PAGE;
   q.cursor = r->cursor[0] ? r->cursor : NULL;
+  /* A pass that does not list the providers needs only the bindings whose
+   * TTL or idle timeout has passed; the store filters (O(due) rows to the
+   * loop instead of O(live)). One due after the pass started is the next
+   * pass's. */
+  if (!r->reconcile)
+    q.due_at_ms = r->pass_start_ms;
   /* Off the creates' path: the store's background worker (store.h). */
   q.background = 1;
   int rv = osr_store_list(r->gw->store, &q, live_listed, r);
@@ -736,11 +744,14 @@ static void pass_end(osr_reaper_t *r, int status)
   /* Where a pass sits in a latency profile (OSR_LOG_LEVEL=trace), and how
    * it was cut into loop turns (debug: tests count the pages and yields). */
   OSR_LOG_TRACE(MOD,
-                "pass at %" PRIu64 " ended at %" PRIu64 " (%zu live, trim %" PRIu64
+                "pass at %" PRIu64 " ended at %" PRIu64 " (%zu %s, trim %" PRIu64
                 " us, longest step %" PRIu64 " us)",
-                r->pass_t0_us, t_trim, nlive, uv_hrtime() / 1000 - t_trim, r->max_step_us);
-  OSR_LOG_DEBUG(MOD, "pass: %zu live, %" PRIu64 " provider pages, %" PRIu64 " scan yields%s", nlive,
-                r->pages, r->yields, r->reconcile ? "" : " (providers not listed)");
+                r->pass_t0_us, t_trim, nlive, r->reconcile ? "live" : "due",
+                uv_hrtime() / 1000 - t_trim, r->max_step_us);
+  /* "N live": the whole snapshot; "N due": only expired ones were read. */
+  OSR_LOG_DEBUG(MOD, "pass: %zu %s, %" PRIu64 " provider pages, %" PRIu64 " scan yields%s", nlive,
+                r->reconcile ? "live" : "due", r->pages, r->yields,
+                r->reconcile ? "" : " (providers not listed)");
   osr_binding_dispose(&r->cur);
   osr_binding_init(&r->cur);
   r->running = 0;

@@ -132,6 +132,7 @@ struct osr__req_s {
       char cur_id[OSR_ID_MAX];
       size_t limit;
       int64_t expires_before_ms;
+      int64_t due_at_ms;
       int has_owner;
       char owner[OSR_OWNER_MAX];
       int64_t created_before_ms;
@@ -977,6 +978,16 @@ static int op_list(const osr__db_vtbl_t *be, osr__db_t *db, osr__req_t *r)
   if (r->u.list.expires_before_ms != 0) {
     a[na++] = A_INT(r->u.list.expires_before_ms);
     sqlb_add(&q, " AND expires_ms <> 0 AND expires_ms < $%d", na);
+  }
+  if (r->u.list.due_at_ms != 0) {
+    /* The reaper's TTL passes (reaper.c expiry_reason, the same rule):
+     * the background worker walks the page order and filters, so the loop
+     * gets the due rows only, not every live one. */
+    a[na++] = A_INT(r->u.list.due_at_ms);
+    sqlb_add(&q,
+             " AND ((expires_ms <> 0 AND expires_ms <= $%d) OR (idle_timeout_ms <> 0 AND "
+             "last_activity_ms <> 0 AND last_activity_ms + idle_timeout_ms <= $%d))",
+             na, na);
   }
   if (r->u.list.has_owner) {
     a[na++] = A_TEXT(r->u.list.owner);
@@ -2408,6 +2419,7 @@ int osr_store_list(osr_store_t *st, const osr_store_query_t *q, osr_store_list_c
   r->u.list.state_mask = q->state_mask;
   r->u.list.limit = q->limit == 0 ? 100 : q->limit > OSR__STORE_LIST_MAX ? OSR__STORE_LIST_MAX : q->limit;
   r->u.list.expires_before_ms = q->expires_before_ms;
+  r->u.list.due_at_ms = q->due_at_ms;
   r->u.list.has_owner = q->owner != NULL;
   scpy(r->u.list.owner, sizeof(r->u.list.owner), q->owner);
   r->u.list.created_before_ms = q->created_before_ms;

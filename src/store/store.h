@@ -181,7 +181,12 @@ typedef struct osr_store_query_s {
   size_t nmeta;
   const char *cursor;               /**< from a previous page; NULL = first */
   size_t limit;                     /**< 1..1000, default 100 */
-  int64_t expires_before_ms;        /**< reaper: expires_ms != 0 && < this; 0 = off */
+  int64_t expires_before_ms;        /**< expires_ms != 0 && < this; 0 = off */
+  /** reaper: only rows whose TTL or idle timeout has passed at this time
+   *  (expires_ms != 0 && expires_ms <= t, or idle_timeout_ms != 0 &&
+   *  last_activity_ms != 0 && last_activity_ms + idle_timeout_ms <= t);
+   *  0 = off */
+  int64_t due_at_ms;
   const char *owner;                /**< only rows with this owner; NULL = any */
   int64_t created_before_ms;        /**< only rows with created_ms < this; 0 = off */
   /** Maintenance read (the reaper's pages): may wait behind every other

@@ -163,8 +163,8 @@ class ReaperReconcile(unittest.TestCase):
     orphans and lost resources) only on the first pass and then every
     reconcile_interval_ms, since a listing costs a provider call per 256
     resources. Counted from the passes' own debug lines."""
-    LINE = re.compile(r"^(\S+Z) debug \[reaper\] pass: (\d+) live, (\d+) provider pages, \d+ scan yields"
-                      r"( \(providers not listed\))?$", re.M)
+    LINE = re.compile(r"^(\S+Z) debug \[reaper\] pass: (\d+) (live|due), (\d+) provider pages, \d+ scan "
+                      r"yields( \(providers not listed\))?$", re.M)
 
     def setUp(self):
         self.sim = gwlib.Sim("--latency-ms", "5")
@@ -178,10 +178,13 @@ class ReaperReconcile(unittest.TestCase):
         self.sim.close()
 
     def passes(self):
-        return [(rfc3339(m.group(1)), int(m.group(3)), m.group(4) is None)
-                for m in self.LINE.finditer(self.gw.proc.stderr_text())]
+        """(time, bindings read, provider pages, listed) per pass."""
+        return [(rfc3339(m.group(1)), int(m.group(2)), int(m.group(4)), m.group(5) is None)
+                for m in self.LINE.finditer(self.gw.proc.stderr_text())
+                if (m.group(3) == "live") == (m.group(5) is None)]
 
     def test_listing_every_reconcile_interval(self):
+        keep = [self.gw.create(self.key, {"timeoutSeconds": 600}).json["id"] for _ in range(3)]
         short = self.gw.create(self.key, {"timeoutSeconds": 1}).json
         st, body = self.sim.call("POST", "/v1/resources", {"sandbox_id": "orphancccccccccccccc", "tenant": "acme"})
         self.assertEqual(st, 201, body)
@@ -193,14 +196,21 @@ class ReaperReconcile(unittest.TestCase):
         g = self.gw.wait(lambda: (lambda j: j if j["state"] == "ended" else None)(
             self.gw.req("GET", "/v1/sandboxes/" + short["id"], key=self.key).json), timeout=15, what="ttl")
         self.assertEqual(g["endReason"], "ttl")
-        self.gw.wait(lambda: len([p for p in self.passes() if p[2]]) >= 3, timeout=20, what="three listings")
+        self.gw.wait(lambda: len([p for p in self.passes() if p[3]]) >= 3, timeout=20, what="three listings")
         ps = self.passes()
-        listed = [p for p in ps if p[2]]
+        self.assertEqual(len(ps), len(self.LINE.findall(self.gw.proc.stderr_text())),
+                         "a listing pass reads the live bindings, the others the due ones")
+        listed = [p for p in ps if p[3]]
         print("passes", len(ps), "listed", len(listed), "orphan gone after %.1f s" % t_orphan,
               file=sys.stderr)
-        self.assertTrue(ps[0][2], "the first pass (reconciliation at start) lists the providers")
-        self.assertTrue(all(p[1] >= 1 for p in listed), listed)
-        self.assertTrue(all(p[1] == 0 for p in ps if not p[2]), ps)
+        self.assertTrue(ps[0][3], "the first pass (reconciliation at start) lists the providers")
+        self.assertTrue(all(p[2] >= 1 for p in listed), listed)
+        self.assertTrue(all(p[2] == 0 for p in ps if not p[3]), ps)
+        # The passes that list read every live binding (the three kept ones
+        # at least); the others only the due ones (the short sandbox, once,
+        # unless a listing pass ended it).
+        self.assertTrue(all(p[1] >= len(keep) for p in listed[1:]), listed)
+        self.assertTrue(all(p[1] <= 1 for p in ps if not p[3]), ps)
         # Listing passes are reconcile_interval_ms apart (log stamps are ms;
         # a pass ends a little after it starts), with TTL passes between.
         for a, b in zip(listed, listed[1:]):

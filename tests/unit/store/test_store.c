@@ -701,6 +701,10 @@ static void test_list(void **state)
              j % 3 == 0 ? "a" : "b", j);
     b.metadata_json = meta;
     b.expires_ms = j < 5 ? 1000 + j : 0;
+    /* Idle timeouts: rows 5..7 fall due at 2105..2107, row 8 never (no
+     * activity yet), the others have none. */
+    b.idle_timeout_ms = j >= 5 && j <= 8 ? 100 : 0;
+    b.last_activity_ms = j >= 5 && j <= 7 ? 2000 + j : 0;
     snprintf(b.owner, sizeof(b.owner), "%s", j < 10 ? "gw-x" : "gw-y");
     sync_create(&c, &b, &r);
     assert_int_equal(r.status, 0);
@@ -783,6 +787,20 @@ static void test_list(void **state)
   q.expires_before_ms = 1003;
   assert_int_equal(list_all(&c, q, 2, ids, 64), 3);
   q.expires_before_ms = 0;
+  /* The reaper's due rows: TTLs passed (<=, rows 0..4) or idle timeouts
+   * passed (rows 5..7 at 2105..2107), in any state the mask allows. */
+  q.due_at_ms = 999;
+  assert_int_equal(list_all(&c, q, 2, ids, 64), 0);
+  q.due_at_ms = 1002;
+  assert_int_equal(list_all(&c, q, 2, ids, 64), 3);
+  q.due_at_ms = 2106;
+  assert_int_equal(list_all(&c, q, 2, ids, 64), 7);
+  q.due_at_ms = 1700000000000;
+  assert_int_equal(list_all(&c, q, 2, ids, 64), 8);
+  q.state_mask = (1u << OSR_BINDING_RUNNING) | (1u << OSR_BINDING_PAUSED);
+  assert_int_equal(list_all(&c, q, 2, ids, 64), 4); /* odd j: 1, 3, 5, 7 */
+  q.state_mask = 0;
+  q.due_at_ms = 0;
 
   /* Recovery queries: by owner (kept by updates without one), and older
    * than a cut-off (rows j < 10 have created_ms < base + 5). */
