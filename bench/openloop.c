@@ -15,6 +15,11 @@
  * Prints one line: sent, ok, errors and the p50/p99/p99.9/max latency of the
  * measured requests in microseconds. One thread on epoll; answers must carry
  * a Content-Length (the benchmark's backend sends one).
+ *
+ * OPENLOOP_TRACE_DIR=D also writes D/openloop-PORT-PID.txt: the arguments,
+ * then one line per measured request, "due_us latency_us" (due time from
+ * the start of the measured part), in answer order: when a tail's slow
+ * requests happened, e.g. every second, shows what the tail waits on.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -97,6 +102,8 @@ int main(int argc, char **argv)
 
   size_t total = (size_t)(rate * secs);
   int64_t *lat = calloc(total, sizeof(*lat));
+  const char *trace_dir = getenv("OPENLOOP_TRACE_DIR");
+  int64_t *dues = trace_dir != NULL ? calloc(total, sizeof(*dues)) : NULL;
   int64_t *queue = calloc(total, sizeof(*queue)); /* due times waiting for a conn */
   conn_t *conns = calloc((size_t)nconns, sizeof(*conns));
   int ep = epoll_create1(0);
@@ -182,8 +189,11 @@ int main(int argc, char **argv)
       }
       if (memcmp(c->buf, "HTTP/1.1 200", 12) == 0) {
         ok++;
-        if (c->due >= warm)
+        if (c->due >= warm) {
+          if (dues != NULL)
+            dues[nlat] = c->due - warm;
           lat[nlat++] = t - c->due;
+        }
       } else {
         if (errors++ == 0)
           fprintf(stderr, "openloop: first error answer: %.*s\n", (int)(al < 200 ? al : 200),
@@ -193,6 +203,18 @@ int main(int argc, char **argv)
       c->len -= (size_t)al;
       c->busy = 0;
     }
+  }
+  if (dues != NULL) {
+    char name[4096];
+    snprintf(name, sizeof(name), "%s/openloop-%d-%d.txt", trace_dir, port, (int)getpid());
+    FILE *f = fopen(name, "w");
+    if (f != NULL) {
+      fprintf(f, "# %s %d %s rate %g secs %g conns %d\n", ip, port, path, rate, secs, nconns);
+      for (size_t i = 0; i < nlat; i++)
+        fprintf(f, "%lld %lld\n", (long long)(dues[i] / 1000), (long long)(lat[i] / 1000));
+      fclose(f);
+    }
+    free(dues);
   }
   qsort(lat, nlat, sizeof(*lat), cmp64);
 #define PCT(p) (nlat ? lat[(size_t)((double)(nlat - 1) * (p))] / 1000 : 0)
