@@ -366,7 +366,8 @@ static int parse_config(e2b_t *e, const json_t *cfg, char *err, size_t errlen)
       e->timeout_ms = (uint64_t)d;
     } else if (strcmp(key, "offload_bytes") == 0) {
       if (osr_rest_num_in(v, 0, E2B_MAX_RESPONSE, &d))
-        return osr_rest_cfg_err(err, errlen, key, "must be a number of bytes from 0 to the largest answer");
+        return osr_rest_cfg_err(err, errlen, key,
+                                "must be a number of bytes from 0 to the largest answer");
       e->offload_bytes = (size_t)d;
     } else {
       return osr_rest_cfg_err(err, errlen, key,
@@ -702,6 +703,14 @@ static int list_page(e2b_op_t *op, const json_t *j)
   return 0;
 }
 
+/* A list_page() answer. on_head took the next page's token; one it could
+ * not keep would end the listing early, and a short listing reads as lost
+ * sandboxes. Touches only the op (on_work runs it off the loop). */
+static int take_list_page(e2b_op_t *op, const json_t *j)
+{
+  return op->token_too_long ? OSR_PERR_UNAVAILABLE : list_page(op, j);
+}
+
 /* One HTTP exchange is over: decide the op's outcome or its next request. */
 static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
 {
@@ -729,9 +738,7 @@ static void on_answer(osr_rest_op_t *rop, int st, const char *body, size_t len)
   } else if (op->kind == OP_ADOPT) {
     status = j != NULL ? take_adopted(op, j) : OSR_PERR_UNAVAILABLE;
   } else if (op->kind == OP_LIST_PAGE) {
-    /* on_head took the next page's token; one it could not keep would end
-     * the listing early, and a short listing reads as lost sandboxes. */
-    status = op->token_too_long ? OSR_PERR_UNAVAILABLE : list_page(op, j);
+    status = take_list_page(op, j);
   } else if (op->kind == OP_LIST) {
     status = list_page(op, j);
     if (status == 0 && op->next_token[0] != '\0') {
@@ -756,10 +763,8 @@ static int on_work(osr_rest_op_t *rop, int st, const char *body, size_t len)
   e2b_op_t *op = osr_rest_user(rop);
   if (op->kind != OP_LIST_PAGE || st < 200 || st > 299)
     return OSR_EAGAIN;
-  if (op->token_too_long)
-    return OSR_PERR_UNAVAILABLE; /* as on_answer: a short listing reads as lost sandboxes */
   json_t *j = json_loadb(body, len, 0, NULL);
-  int status = list_page(op, j);
+  int status = take_list_page(op, j);
   json_decref(j);
   return status;
 }

@@ -284,7 +284,8 @@ static void on_resend_timer(uv_timer_t *t)
 static void work_run(uv_work_t *w)
 {
   osr_rest_op_t *op = w->data;
-  op->work_status = op->api->cfg.on_work(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
+  op->work_status =
+      op->api->cfg.on_work(op, op->http_status, osr_buf_data(&op->resp), op->resp.len);
 }
 
 static void work_done(uv_work_t *w, int status)

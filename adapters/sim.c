@@ -21,8 +21,9 @@
  *   ({max, types:{T: usd_per_s}}), snapshot (false), prices ({vcpu_per_s,
  *   gib_per_s, per_create}), expected_create_ms (= latency_ms), max_ports
  *   (32), max_memory_mib (65536), max_vcpus (64), url, timeout_ms (30000,
- *   url mode), offload_bytes (OSR_REST_OFFLOAD_BYTES, url mode), accept_any (false: trust the caller's isolation/region/gpu
- *   choice instead of checking it against this manifest; osr-sim sets it).
+ *   url mode), offload_bytes (OSR_REST_OFFLOAD_BYTES, url mode), accept_any
+ *   (false: trust the caller's isolation/region/gpu choice instead of
+ *   checking it against this manifest; osr-sim sets it).
  *
  * In-process, every operation is an op with its own uv_timer. The timer is
  * how results are delivered: creates fire it after the simulated latency,
